@@ -1,0 +1,96 @@
+import type { NatsConnection } from "nats";
+import type { Answer } from "../functions/_lib/provisioning.ts";
+import { VERB } from "../functions/_lib/provisioning.ts";
+
+/** The verb refused a request: its SPEC §4 code and message. */
+export class Refused extends Error {
+  override readonly name = "Refused";
+  constructor(
+    readonly code: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const decoder = new TextDecoder();
+
+/**
+ * Asks `mesh-provisioner.provisioning` once. Returns the page; throws {@link Refused} with the
+ * service error of a refusal, or the request's error (no responders, timeout) with a hint.
+ */
+export async function askOnce(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
+  let reply;
+  try {
+    reply = await nc.request(VERB, JSON.stringify(request), { timeout: 10_000 });
+  } catch (err) {
+    const message = (err as Error).message;
+    throw new Error(
+      /503|no responders/i.test(message)
+        ? `nothing answers ${VERB}: is the function set running (npm start)?`
+        : `${VERB}: ${message}`,
+    );
+  }
+  const code = reply.headers?.get("Nats-Service-Error-Code");
+  if (code) throw new Refused(Number(code), reply.headers!.get("Nats-Service-Error"));
+  return JSON.parse(decoder.decode(reply.data)) as Answer;
+}
+
+/** Asks every page of a request (following `next`) and returns them as one answer. */
+export async function askAll(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
+  let page = await askOnce(nc, request);
+  const entries = [...page.entries];
+  const outOfShape = [...page.outOfShape];
+  while (page.next !== undefined) {
+    page = await askOnce(nc, { ...request, cursor: page.next });
+    entries.push(...page.entries);
+    outOfShape.push(...page.outOfShape);
+  }
+  return { what: page.what, entries, outOfShape };
+}
+
+const COLUMNS: Record<Answer["what"], readonly string[]> = {
+  registry: ["kind", "module", "where"],
+  needs: ["node", "module", "kind", "name", "value"],
+  applied: ["node", "module", "value"],
+  collect: ["node", "collection", "contributor", "value"],
+};
+
+const WIDEST_VALUE = 72;
+
+function cell(entry: Record<string, unknown>, column: string): string {
+  if (column === "where") {
+    const v = entry.value as Record<string, string>;
+    if (v.verb !== undefined) return `verb ${v.verb}`;
+    return `bucket ${v.bucket} key ${v.key}${v.collection !== undefined ? ` collection ${v.collection}` : ""}`;
+  }
+  if (column === "module" && entry.kind !== undefined && entry.node === undefined) {
+    return String((entry.value as Record<string, unknown>).module);
+  }
+  const value = entry[column];
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text.length > WIDEST_VALUE ? `${text.slice(0, WIDEST_VALUE - 1)}…` : text;
+}
+
+/** Lines of aligned columns, the first row being the header. */
+export function table(rows: readonly (readonly string[])[]): string[] {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
+  return rows.map((row) => row.map((text, i) => (i === row.length - 1 ? text : text.padEnd(widths[i]!))).join("  "));
+}
+
+/** An answer as a readable table, then its out-of-shape keys with their reasons. */
+export function formatAnswer(answer: Answer): string {
+  const columns = COLUMNS[answer.what];
+  const lines =
+    answer.entries.length === 0
+      ? [`no ${answer.what} entries`]
+      : [
+          ...table([columns.map((c) => c.toUpperCase()), ...answer.entries.map((e) => columns.map((c) => cell(e, c)))]),
+          `${answer.entries.length} ${answer.what} entr${answer.entries.length === 1 ? "y" : "ies"}`,
+        ];
+  if (answer.outOfShape.length > 0) {
+    lines.push("", `out of shape (${answer.outOfShape.length}):`, ...answer.outOfShape.map((o) => `  ${o.key}: ${o.reason}`));
+  }
+  if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
+  return lines.join("\n");
+}

@@ -1,0 +1,140 @@
+import { Command, InvalidArgumentError, Option } from "commander";
+import {
+  CONFIG_FILE,
+  describe,
+  invoke,
+  loadConfig,
+  loadFunctions,
+  openHost,
+  openSession,
+  ServiceError,
+  start,
+  type Running,
+} from "../runtime/index.ts";
+import { createLogger } from "../runtime/log.ts";
+import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
+import { writeDemo } from "./demo.ts";
+
+const program = new Command("mesh-provisioner")
+  .description("The provisioner's server of the mesh: the registry and the verb mesh-provisioner.provisioning.")
+  .option("-c, --config <file>", "the config file", CONFIG_FILE)
+  .showHelpAfterError();
+
+const config = () => loadConfig(program.opts<{ config: string }>().config);
+
+program
+  .command("start")
+  .description("run the function set: on NATS_URL, or on the embedded nats-server")
+  .action(async () => {
+    // Handlers first: a signal during start, or right after the banner, still stops in order.
+    let running: Running | undefined;
+    let stopping = false;
+    const shutdown = (r: Running) =>
+      r.stop().then(
+        () => process.exit(0),
+        (err: unknown) => {
+          console.error(`mesh-provisioner: stopping failed: ${(err as Error).message}`);
+          process.exit(1);
+        },
+      );
+    const onSignal = (signal: NodeJS.Signals) => {
+      if (stopping) process.exit(130); // a second signal: at once (the exit hook kills the child)
+      stopping = true;
+      console.log(`${signal}: stopping`);
+      if (running !== undefined) void shutdown(running);
+    };
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
+    running = await start({ config: await config() });
+    if (stopping) return void shutdown(running);
+    console.log(describe(running).join("\n"));
+  });
+
+const positive = (text: string) => {
+  if (!/^\d+$/.test(text)) throw new InvalidArgumentError("must be a whole number");
+  return Number(text);
+};
+
+program
+  .command("ask")
+  .description("ask mesh-provisioner.provisioning and print the answer")
+  .argument("[what]", "registry, needs, applied or collect", "registry")
+  .option("--node <node>", "narrow to one node")
+  .option("--module <module>", "narrow to one module")
+  .option("--kind <kind>", "narrow to one kind")
+  .option("--contributor <contributor>", "narrow to one contributor")
+  .option("--collection <name>", "narrow to one collection, by its name (shell:zsh:normal)")
+  .addOption(new Option("--limit <n>", "ask one page of at most n entries").argParser(positive))
+  .option("--cursor <cursor>", "ask the page after this cursor (the `next` of a page)")
+  .option("--json", "print the answer as JSON")
+  .action(async (what: string, options: Record<string, unknown>) => {
+    const { json, ...fields } = options;
+    const request = { what, ...fields };
+    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner ask" });
+    try {
+      const onePage = fields.limit !== undefined || fields.cursor !== undefined;
+      const answer = onePage ? await askOnce(session.nc, request) : await askAll(session.nc, request);
+      console.log(json ? JSON.stringify(answer, null, 2) : formatAnswer(answer));
+    } finally {
+      await session.close();
+    }
+  });
+
+program
+  .command("invoke")
+  .description("run one function once, locally, with the context the runtime builds")
+  .argument("<function>", "the function's name (its file name without .ts)")
+  .argument("[json]", "its input, as JSON", "{}")
+  .action(async (name: string, json: string) => {
+    let input: unknown;
+    try {
+      input = JSON.parse(json);
+    } catch (err) {
+      throw new Error(`the input is not JSON: ${(err as Error).message}`);
+    }
+    const cfg = await config();
+    const functions = await loadFunctions(cfg);
+    const fn = functions.find((f) => f.name === name);
+    if (fn === undefined) {
+      throw new Error(`no function ${name}; there are: ${functions.map((f) => f.name).join(", ")}`);
+    }
+    const session = await openSession(cfg, { embedded: "join-or-start", name: `mesh-provisioner invoke ${name}` });
+    try {
+      const host = await openHost({ nc: session.nc, config: cfg, log: createLogger() });
+      console.log(JSON.stringify(await invoke(host, fn, input), null, 2));
+    } finally {
+      await session.close();
+    }
+  });
+
+program
+  .command("demo")
+  .description("write the demo mesh as its node clients would, then ask the verb about it")
+  .action(async () => {
+    const cfg = await config();
+    const written = await writeDemo(cfg);
+    for (const [node, count] of Object.entries(written)) console.log(`${node}: wrote ${count} records as node ${node}`);
+    const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
+    try {
+      for (const request of [
+        { what: "registry" },
+        { what: "needs", node: "birch", module: "gitea" },
+        { what: "collect", collection: "shell:zsh:normal" },
+        { what: "needs", node: "dogwood", module: "grafana" },
+      ]) {
+        console.log(`\n$ ask ${JSON.stringify(request)}`);
+        console.log(formatAnswer(await askAll(session.nc, request)));
+      }
+    } finally {
+      await session.close();
+    }
+  });
+
+program.parseAsync().catch((err: unknown) => {
+  if (err instanceof Refused || err instanceof ServiceError) {
+    console.error(`mesh-provisioner: refused (${err.code}): ${err.message}`);
+    process.exit(2);
+  }
+  console.error(`mesh-provisioner: ${(err as Error).message}`);
+  process.exit(1);
+});

@@ -1,0 +1,222 @@
+/**
+ * A small realistic mesh, as its node clients would record it: 4 nodes, 14 modules, needs of
+ * every kind of SPEC §3, applied records and collections. Keys follow SPEC §2.
+ */
+import { encodeCollection } from "../functions/_lib/keys.ts";
+
+/** One record a node client writes: bucket (by config name), key, JSON value. */
+export interface DemoRecord {
+  readonly bucket: "needs" | "applied" | "collect";
+  readonly key: string;
+  readonly value: unknown;
+}
+
+interface Placement {
+  readonly module: string;
+  /** The placeholders the module's files hold, and the file holding each. */
+  readonly needs: Readonly<Record<string, string>>;
+}
+
+/** What runs where: each node's modules and their placeholders. */
+export const PLACEMENTS: Readonly<Record<string, readonly Placement[]>> = {
+  alder: [
+    {
+      module: "mesh-controller",
+      needs: {
+        "${dir:state}": "/etc/mesh-controller/controller.toml",
+        "${port:api}": "/etc/mesh-controller/controller.toml",
+        "${secret:signing_key}": "/etc/mesh-controller/keys.env",
+      },
+    },
+    {
+      module: "mesh-vault",
+      needs: {
+        "${dir:state}": "/etc/mesh-vault/vault.hcl",
+        "${port:api}": "/etc/mesh-vault/vault.hcl",
+        "${machine:hostname}": "/etc/mesh-vault/vault.hcl",
+      },
+    },
+    {
+      module: "mesh-config",
+      needs: { "${dir:state}": "/etc/mesh-config/config.toml", "${port:api}": "/etc/mesh-config/config.toml" },
+    },
+    {
+      module: "mesh-dns-resolver",
+      needs: {
+        "${config:upstream}": "/etc/unbound/unbound.conf",
+        "${port:dns}": "/etc/unbound/unbound.conf",
+        "${access:mesh-network}": "/etc/unbound/unbound.conf",
+      },
+    },
+    { module: "zsh", needs: { "${shell:zsh:normal}": "/etc/zsh/zshrc", "${environment:posix}": "/etc/profile.d/mesh.sh" } },
+  ],
+  birch: [
+    {
+      module: "docker",
+      needs: {
+        "${seat:mesh-artifact-store:reach}": "/etc/docker/daemon.json",
+        "${dir:data}": "/etc/docker/daemon.json",
+        "${contribution:node-hotkeys:triggers}": "/etc/mesh/hotkeys.d/docker.json",
+      },
+    },
+    {
+      module: "gitea",
+      needs: {
+        "${config:app_name}": "/etc/gitea/app.ini",
+        "${secret:admin_password}": "/etc/gitea/admin.env",
+        "${bound:postgres:address}": "/etc/gitea/app.ini",
+        "${port:http}": "/etc/gitea/app.ini",
+        "${dir:state}": "/etc/gitea/app.ini",
+        "${collected:ssh-keys}": "/var/lib/gitea/.ssh/authorized_keys",
+      },
+    },
+    {
+      module: "postgres",
+      needs: {
+        "${dir:data}": "/etc/postgresql/16/main/postgresql.conf",
+        "${port:postgres}": "/etc/postgresql/16/main/postgresql.conf",
+        "${secret:superuser_password}": "/etc/postgresql/16/main/superuser.env",
+        "${consumers:roles}": "/etc/postgresql/16/main/pg_hba.conf",
+      },
+    },
+    {
+      module: "caddy",
+      needs: {
+        "${port:https}": "/etc/caddy/Caddyfile",
+        "${collected:routes}": "/etc/caddy/Caddyfile",
+        "${bound:keycloak:issuer}": "/etc/caddy/Caddyfile",
+      },
+    },
+    { module: "zsh", needs: { "${shell:zsh:normal}": "/etc/zsh/zshrc", "${environment:posix}": "/etc/profile.d/mesh.sh" } },
+  ],
+  cedar: [
+    {
+      module: "keycloak",
+      needs: {
+        "${config:realm}": "/etc/keycloak/keycloak.conf",
+        "${secret:admin_password}": "/etc/keycloak/admin.env",
+        "${bound:postgres:address}": "/etc/keycloak/keycloak.conf",
+        "${port:http}": "/etc/keycloak/keycloak.conf",
+        "${consumers:clients}": "/etc/keycloak/clients.json",
+      },
+    },
+    {
+      module: "postgres",
+      needs: {
+        "${dir:data}": "/etc/postgresql/16/main/postgresql.conf",
+        "${port:postgres}": "/etc/postgresql/16/main/postgresql.conf",
+        "${secret:superuser_password}": "/etc/postgresql/16/main/superuser.env",
+      },
+    },
+    {
+      module: "mesh-artifact-store",
+      needs: { "${dir:store}": "/etc/zot/config.json", "${port:registry}": "/etc/zot/config.json" },
+    },
+    { module: "zsh", needs: { "${shell:zsh:normal}": "/etc/zsh/zshrc", "${environment:posix}": "/etc/profile.d/mesh.sh" } },
+  ],
+  dogwood: [
+    {
+      module: "prometheus",
+      needs: {
+        "${port:http}": "/etc/prometheus/prometheus.yml",
+        "${dir:tsdb}": "/etc/default/prometheus",
+        "${collected:scrape-targets}": "/etc/prometheus/prometheus.yml",
+      },
+    },
+    {
+      module: "grafana",
+      needs: {
+        "${config:domain}": "/etc/grafana/grafana.ini",
+        "${secret:admin_password}": "/etc/grafana/grafana.ini",
+        "${bound:keycloak:issuer}": "/etc/grafana/grafana.ini",
+        "${port:http}": "/etc/grafana/grafana.ini",
+        "${contribution:node-hotkeys:triggers}": "/etc/mesh/hotkeys.d/grafana.json",
+      },
+    },
+    {
+      module: "node-exporter",
+      needs: {
+        "${port:metrics}": "/etc/default/prometheus-node-exporter",
+        "${machine:hostname}": "/etc/default/prometheus-node-exporter",
+        "${access:host-proc}": "/etc/default/prometheus-node-exporter",
+      },
+    },
+    {
+      module: "docker",
+      needs: { "${seat:mesh-artifact-store:reach}": "/etc/docker/daemon.json", "${dir:data}": "/etc/docker/daemon.json" },
+    },
+    { module: "zsh", needs: { "${shell:zsh:normal}": "/etc/zsh/zshrc", "${environment:posix}": "/etc/profile.d/mesh.sh" } },
+  ],
+};
+
+/** Items of collections, per node: collection name → contributor → item. */
+const COLLECTIONS: Readonly<Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>>> = {
+  alder: {
+    "shell:zsh:normal": { "mesh-controller": { lines: ["alias mc='mesh-controller'"] } },
+    "environment:posix": { "mesh-controller": { vars: { MESH_CONTROLLER: "https://alder:7400" } } },
+  },
+  birch: {
+    "shell:zsh:normal": {
+      docker: { lines: ["alias dps='docker ps --format \"{{.Names}}\"'"] },
+      gitea: { lines: ["alias gitea-admin='sudo -u git gitea admin'"] },
+    },
+    "environment:posix": { docker: { vars: { DOCKER_BUILDKIT: "1" } } },
+    "contribution:node-hotkeys:triggers": { docker: { triggers: [{ key: "F9", run: "docker ps" }] } },
+    routes: {
+      gitea: { host: "git.mesh", upstream: "127.0.0.1:3000" },
+      caddy: { host: "status.mesh", respond: "ok" },
+    },
+    "ssh-keys": { gitea: { keys: ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGitea deploy@birch"] } },
+  },
+  cedar: {
+    "shell:zsh:normal": { keycloak: { lines: ["alias kcadm='/opt/keycloak/bin/kcadm.sh'"] } },
+    "environment:posix": { keycloak: { vars: { KC_HOME: "/opt/keycloak" } } },
+  },
+  dogwood: {
+    "shell:zsh:normal": { prometheus: { lines: ["alias promtool-check='promtool check config /etc/prometheus/prometheus.yml'"] } },
+    "contribution:node-hotkeys:triggers": { grafana: { triggers: [{ key: "F10", open: "http://dogwood:3000" }] } },
+    "scrape-targets": {
+      "node-exporter": { targets: ["dogwood:9100"] },
+      prometheus: { targets: ["dogwood:9090"] },
+    },
+  },
+};
+
+/** Records out of their bucket's shape, as a client with a bug would write them. */
+const STRAY: Readonly<Record<string, readonly DemoRecord[]>> = {
+  dogwood: [{ bucket: "needs", key: "dogwood.grafana.config", value: { placeholder: "${config}" } }],
+};
+
+const APPLIED_AT = "2026-11-29T08:00:00.000Z";
+
+/** A placeholder's kind and its name as a key token (`:` in the name written `/`). */
+function parsePlaceholder(placeholder: string): { kind: string; name: string } {
+  const body = placeholder.slice(2, -1);
+  const colon = body.indexOf(":");
+  return { kind: body.slice(0, colon), name: body.slice(colon + 1).replaceAll(":", "/") };
+}
+
+/** Every record of the demo mesh written by `node`'s client. */
+export function recordsOf(node: string): DemoRecord[] {
+  const records: DemoRecord[] = [];
+  for (const { module, needs } of PLACEMENTS[node] ?? []) {
+    for (const [placeholder, file] of Object.entries(needs)) {
+      const { kind, name } = parsePlaceholder(placeholder);
+      records.push({ bucket: "needs", key: `${node}.${module}.${kind}.${name}`, value: { placeholder, file } });
+    }
+    records.push({
+      bucket: "applied",
+      key: `${node}.${module}`,
+      value: { at: APPLIED_AT, placeholders: Object.keys(needs).length, files: [...new Set(Object.values(needs))] },
+    });
+  }
+  for (const [collection, items] of Object.entries(COLLECTIONS[node] ?? {})) {
+    for (const [contributor, item] of Object.entries(items)) {
+      records.push({ bucket: "collect", key: `${node}.${encodeCollection(collection)}.${contributor}`, value: item });
+    }
+  }
+  return [...records, ...(STRAY[node] ?? [])];
+}
+
+/** The nodes of the demo mesh. */
+export const NODES = Object.keys(PLACEMENTS);

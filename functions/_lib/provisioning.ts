@@ -1,0 +1,175 @@
+import { createHash } from "node:crypto";
+import { z } from "zod";
+import { badInput, formatIssues, type Entry } from "../../runtime/index.ts";
+import { collectionName, decodeKey, filtersFor, token, type View } from "./keys.ts";
+import { registryValue } from "./registry.ts";
+
+/** The verb's subject (SPEC §4). */
+export const VERB = "mesh-provisioner.provisioning";
+
+/** The narrowing fields each `what` takes (SPEC §4). */
+export const NARROWINGS = {
+  registry: ["kind"],
+  needs: ["node", "module", "kind"],
+  applied: ["node", "module"],
+  collect: ["node", "collection", "contributor"],
+} as const satisfies Record<View, readonly string[]>;
+
+type Narrowing = "node" | "module" | "kind" | "contributor" | "collection";
+const ALL_NARROWINGS: readonly Narrowing[] = ["node", "module", "kind", "contributor", "collection"];
+
+export const DEFAULT_LIMIT = 1000;
+export const MAX_LIMIT = 10_000;
+
+/** A whole number given as a JSON number or, from an HTTP query, as digits. */
+const count = z
+  .union([z.number(), z.string().regex(/^\d+$/).transform(Number)], { error: "must be a whole number" })
+  .pipe(z.number().int().min(1).max(MAX_LIMIT));
+
+/**
+ * The request of `mesh-provisioner.provisioning` (SPEC §4): `what` (default `registry`), the
+ * narrowings that apply to it, `limit` (1 to 10,000, default 1,000) and `cursor`. An unknown
+ * field, a narrowing that does not apply to `what`, or a narrowing that is not one token
+ * (a collection: a non-empty name) is refused, naming the field.
+ */
+export const provisioningRequest = z
+  .strictObject({
+    what: z.enum(["registry", "needs", "applied", "collect"]).default("registry"),
+    node: token.optional(),
+    module: token.optional(),
+    kind: token.optional(),
+    contributor: token.optional(),
+    collection: collectionName.optional(),
+    limit: count.default(DEFAULT_LIMIT),
+    cursor: z.string().min(1).optional(),
+  })
+  .superRefine((request, ctx) => {
+    const applies: readonly string[] = NARROWINGS[request.what];
+    for (const field of ALL_NARROWINGS) {
+      if (request[field] !== undefined && !applies.includes(field)) {
+        const takers = Object.entries(NARROWINGS)
+          .filter(([, fields]) => (fields as readonly string[]).includes(field))
+          .map(([what]) => what);
+        ctx.addIssue({
+          code: "custom",
+          path: [field],
+          message: `does not apply to what=${request.what} (it narrows ${takers.join(", ")})`,
+        });
+      }
+    }
+  });
+
+export type ProvisioningRequest = z.output<typeof provisioningRequest>;
+
+/** An item of `outOfShape`: a key the narrowing reached that is not an entry, and why. */
+export interface OutOfShape {
+  readonly key: string;
+  readonly reason: string;
+}
+
+/** One page of the verb's answer (SPEC §4). */
+export interface Answer {
+  readonly what: View;
+  readonly entries: Record<string, unknown>[];
+  readonly outOfShape: OutOfShape[];
+  readonly next?: string;
+}
+
+/** The narrowing of a request, as key fields. */
+function narrowingOf(request: ProvisioningRequest): Record<string, string> {
+  return Object.fromEntries(
+    NARROWINGS[request.what].flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])),
+  );
+}
+
+/** The key filters a request reads with: never the whole bucket when it narrows. */
+export function requestFilters(request: ProvisioningRequest): string[] {
+  return filtersFor(request.what, narrowingOf(request));
+}
+
+const fingerprint = (request: ProvisioningRequest) =>
+  createHash("sha256").update(JSON.stringify([request.what, narrowingOf(request)])).digest("base64url").slice(0, 16);
+
+/** The opaque cursor of the page after `key`, tied to the request's narrowing. */
+export function cursorAfter(request: ProvisioningRequest, key: string): string {
+  return Buffer.from(JSON.stringify({ after: key, of: fingerprint(request) })).toString("base64url");
+}
+
+/** The key a request's cursor continues after; throws a 400 for a cursor not issued for it. */
+export function cursorKey(request: ProvisioningRequest): string | undefined {
+  if (request.cursor === undefined) return undefined;
+  let decoded: { after?: unknown; of?: unknown };
+  try {
+    decoded = JSON.parse(Buffer.from(request.cursor, "base64url").toString("utf8"));
+  } catch {
+    throw badInput("cursor: not a cursor of this verb; pass the `next` of the previous page");
+  }
+  if (typeof decoded?.after !== "string" || typeof decoded.of !== "string") {
+    throw badInput("cursor: not a cursor of this verb; pass the `next` of the previous page");
+  }
+  if (decoded.of !== fingerprint(request)) {
+    throw badInput("cursor: was issued for another what or narrowing; ask with the same ones");
+  }
+  return decoded.after;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** An entry of the answer for one stored key, or why it is out of shape. */
+export function itemOf(what: View, entry: Entry): { entry: Record<string, unknown> } | { outOfShape: OutOfShape } {
+  const decoded = decodeKey(what, entry.key);
+  if (!decoded.ok) return { outOfShape: { key: entry.key, reason: decoded.reason } };
+  let value: unknown;
+  try {
+    value = JSON.parse(utf8.decode(entry.value));
+  } catch (err) {
+    return { outOfShape: { key: entry.key, reason: `value is not JSON: ${(err as Error).message}` } };
+  }
+  if (what === "registry") {
+    const checked = registryValue.safeParse(value);
+    if (!checked.success) return { outOfShape: { key: entry.key, reason: `value is not a registry value: ${formatIssues(checked.error.issues)}` } };
+    if (checked.data.kind !== entry.key) {
+      return { outOfShape: { key: entry.key, reason: `value is of kind ${checked.data.kind}, not ${entry.key}` } };
+    }
+  }
+  return {
+    entry: { key: entry.key, ...decoded.fields, value, revision: entry.revision, at: entry.created.toISOString() },
+  };
+}
+
+/** Bytes kept free in a reply beyond the answer's own JSON. */
+const HEADROOM = 1024;
+const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
+
+/**
+ * One page of the answer (SPEC §4) from every entry the request's filters reached: in key
+ * order, after the cursor's key, at most `limit` items, its JSON at most `maxPayload` bytes
+ * less a headroom. A value too large for any reply is said in `outOfShape`. `next` is present
+ * only when keys remain.
+ */
+export function answerPage(request: ProvisioningRequest, reached: readonly Entry[], maxPayload: number): Answer {
+  const after = cursorKey(request);
+  const rows = after === undefined ? reached : reached.filter((e) => e.key > after);
+  const budget = maxPayload - HEADROOM;
+  const entries: Record<string, unknown>[] = [];
+  const outOfShape: OutOfShape[] = [];
+  let size = bytes({ what: request.what, entries: [], outOfShape: [] });
+  let taken = 0;
+  for (const row of rows) {
+    if (taken === request.limit) break;
+    let item = itemOf(request.what, row);
+    let itemSize = bytes("entry" in item ? item.entry : item.outOfShape) + 1;
+    const nextSize = bytes({ next: cursorAfter(request, row.key) });
+    if (size + itemSize + nextSize > budget) {
+      if (taken > 0) break;
+      item = { outOfShape: { key: row.key, reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})` } };
+      itemSize = bytes(item.outOfShape) + 1;
+    }
+    if ("entry" in item) entries.push(item.entry);
+    else outOfShape.push(item.outOfShape);
+    size += itemSize;
+    taken++;
+  }
+  const answer: Answer = { what: request.what, entries, outOfShape };
+  return taken < rows.length ? { ...answer, next: cursorAfter(request, rows[taken - 1]!.key) } : answer;
+}

@@ -1,0 +1,147 @@
+import { Cron } from "croner";
+import { Hono, type Context as HonoContext } from "hono";
+import type { Service, ServiceMsg } from "nats";
+import type { Trigger } from "./define.ts";
+import type { Host, Outcome } from "./host.ts";
+import type { LoadedFunction } from "./loader.ts";
+
+/** A bound trigger set; `stop` unbinds it. */
+export interface Binding {
+  stop(): Promise<void>;
+}
+
+type Of<K extends string> = Extract<Trigger, Record<K, unknown>>;
+
+/** Each function paired with each of its triggers of one kind, in load order. */
+function triggersOf<K extends "subject" | "cron" | "http">(functions: readonly LoadedFunction[], kind: K) {
+  return functions.flatMap((fn) =>
+    fn.definition.triggers
+      .filter((t): t is Of<K> => kind in t)
+      .map((trigger, i) => ({ fn, trigger, i })),
+  );
+}
+
+/** The JSON body of a refusal (SPEC §4). */
+export function errorBody(code: number, message: string): string {
+  return JSON.stringify({ error: { code, message } });
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+const encoder = new TextEncoder();
+
+/** Parses a request payload: empty means `{}`; anything not JSON is a 400 outcome. */
+function parsePayload(data: Uint8Array): Outcome {
+  if (data.length === 0) return { ok: true, value: {} };
+  try {
+    return { ok: true, value: JSON.parse(utf8.decode(data)) };
+  } catch (err) {
+    return { ok: false, error: { code: 400, message: `payload is not JSON: ${(err as Error).message}` } };
+  }
+}
+
+function refuse(msg: ServiceMsg, code: number, message: string): void {
+  msg.respondError(code, message.replace(/[\r\n]+/g, " "), encoder.encode(errorBody(code, message)));
+}
+
+/**
+ * Binds every `{ subject }` trigger as an endpoint of one NATS service named after the seat,
+ * in the queue group of the seat, so replicas share requests. Answers are the handler's value
+ * as JSON; refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body.
+ */
+export async function bindSubjects(
+  host: Host,
+  functions: readonly LoadedFunction[],
+  version: string,
+): Promise<Binding> {
+  const endpoints = triggersOf(functions, "subject");
+  if (endpoints.length === 0) return { stop: async () => {} };
+  const service: Service = await host.nc.services.add({
+    name: host.config.seat,
+    version,
+    queue: host.config.seat,
+  });
+  for (const { fn, trigger, i } of endpoints) {
+    const answer = async (msg: ServiceMsg) => {
+      const payload = parsePayload(msg.data);
+      const outcome = payload.ok
+        ? await host.run(fn, payload.value, { kind: "subject", subject: msg.subject })
+        : payload;
+      if (!outcome.ok) return refuse(msg, outcome.error.code, outcome.error.message);
+      const body = encoder.encode(JSON.stringify(outcome.value ?? null));
+      try {
+        msg.respond(body);
+      } catch (err) {
+        host.log.error({ function: fn.name, subject: msg.subject, err }, "answer not sent");
+        refuse(msg, 500, `the answer (${body.length} bytes) could not be sent: ${(err as Error).message}`);
+      }
+    };
+    service.addEndpoint(i === 0 ? fn.name : `${fn.name}-${i + 1}`, {
+      subject: trigger.subject,
+      handler: (err, msg) => {
+        if (err) return host.log.error({ function: fn.name, err }, "endpoint stopped");
+        answer(msg).catch((e: unknown) => host.log.error({ function: fn.name, err: e }, "request not answered"));
+      },
+    });
+  }
+  return { stop: async () => void (await service.stop()) };
+}
+
+/**
+ * Runs every `{ cron, onStart: true }` function once now (in order, awaited), then schedules
+ * every `{ cron }` trigger with croner. A run still going when the next is due skips that one.
+ */
+export async function bindCron(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
+  const triggers = triggersOf(functions, "cron");
+  for (const { fn, trigger } of triggers) {
+    if (trigger.onStart) report(host, fn, await host.run(fn, {}, { kind: "start" }));
+  }
+  const jobs = triggers.map(
+    ({ fn, trigger }) =>
+      new Cron(trigger.cron, { protect: true, name: `${fn.name}:${trigger.cron}` }, async (job: Cron) => {
+        const scheduledAt = job.currentRun() ?? new Date();
+        report(host, fn, await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt }));
+      }),
+  );
+  return { stop: async () => jobs.forEach((job) => job.stop()) };
+}
+
+function report(host: Host, fn: LoadedFunction, outcome: Outcome): void {
+  if (outcome.ok) host.log.info({ function: fn.name, result: outcome.value }, "scheduled run done");
+}
+
+/** Reads an HTTP request's input: the query of a GET or DELETE, the JSON body otherwise. */
+async function httpInput(c: HonoContext): Promise<Outcome> {
+  if (c.req.method === "GET" || c.req.method === "DELETE") {
+    const queries = c.req.queries();
+    return {
+      ok: true,
+      value: Object.fromEntries(Object.entries(queries).map(([k, v]) => [k, v.length === 1 ? v[0] : v])),
+    };
+  }
+  return parsePayload(new Uint8Array(await c.req.arrayBuffer()));
+}
+
+/**
+ * One Hono app with a route per `{ http: "METHOD /path" }` trigger. Answers are JSON; a refusal
+ * has the status of its code and the body of SPEC §4; an unknown route is a JSON 404.
+ */
+export function httpApp(host: Host, functions: readonly LoadedFunction[]): Hono {
+  const app = new Hono();
+  for (const { fn, trigger } of triggersOf(functions, "http")) {
+    const [method, path] = trigger.http.split(" ") as [string, string];
+    app.on(method, path, async (c) => {
+      const input = await httpInput(c);
+      const outcome = input.ok
+        ? await host.run(fn, input.value, { kind: "http", method, path })
+        : input;
+      if (outcome.ok) return c.json(outcome.value ?? null);
+      return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, {
+        "content-type": "application/json",
+      });
+    });
+  }
+  app.notFound((c) =>
+    c.body(errorBody(404, `no function at ${c.req.method} ${c.req.path}`), 404, { "content-type": "application/json" }),
+  );
+  return app;
+}

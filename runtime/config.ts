@@ -1,0 +1,136 @@
+import { existsSync } from "node:fs";
+import { dirname, relative, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+import { z } from "zod";
+import { formatIssues } from "./errors.ts";
+
+/** The name of the config file the CLI looks for in the working folder. */
+export const CONFIG_FILE = "wrangler-free.config.ts";
+
+const name = z.string().regex(/^[A-Za-z0-9_-]+$/, "must be letters, digits, - or _");
+const nodeName = z.string().regex(/^[A-Za-z0-9_/=-]+$/, "must be one token (A-Z a-z 0-9 - _ / =)");
+
+const bucketSchema = z.strictObject({
+  /** The JetStream key-value bucket's name. */
+  bucket: name,
+  /** Who writes it: the seat itself, or each node its own `<node>.>` keys (SPEC §2). */
+  writtenBy: z.enum(["seat", "nodes"]),
+  /** Values kept per key. */
+  history: z.number().int().min(1).max(64).default(1),
+});
+
+/**
+ * The runtime's part of `wrangler-free.config.ts`. Top-level fields beyond these belong to the
+ * functions: each is checked against the `config` schema of the functions that read it.
+ */
+export const configSchema = z.looseObject({
+  /** The seat the function set holds: its service name and queue group. */
+  seat: name,
+  /** Folder of function files, relative to the config file. */
+  functions: z.string().min(1).default("functions"),
+  /** Folder of local state (the embedded server's store and credentials), git-ignored. */
+  state: z.string().min(1).default(".state"),
+  nats: z
+    .strictObject({
+      /** Server URLs; none means: start the embedded nats-server. */
+      servers: z.array(z.string().min(1)).default([]),
+      creds: z.string().min(1).optional(),
+      nkey: z.string().min(1).optional(),
+      user: z.string().min(1).optional(),
+      password: z.string().optional(),
+      token: z.string().min(1).optional(),
+    })
+    .default({ servers: [] }),
+  http: z
+    .strictObject({
+      host: z.string().min(1).default("127.0.0.1"),
+      port: z.number().int().min(0).max(65535).default(8787),
+    })
+    .default({ host: "127.0.0.1", port: 8787 }),
+  /** Buckets by the name functions use in `access`; all are asserted at start. */
+  buckets: z.record(name, bucketSchema),
+  /** The embedded nats-server's users besides the seat: one per node. */
+  embedded: z.strictObject({ nodes: z.array(nodeName).default([]) }).default({ nodes: [] }),
+});
+
+/** What `wrangler-free.config.ts` may hold (fields with defaults may be left out). */
+export type ConfigInput = z.input<typeof configSchema>;
+/** A validated config, with env overrides applied and `root` the config file's folder. */
+export type Config = z.output<typeof configSchema> & { readonly root: string; readonly file: string };
+export type BucketConfig = z.output<typeof bucketSchema>;
+
+/** Types a config file's default export. Returns `config` unchanged; checks happen at load. */
+export function defineConfig<const C extends ConfigInput>(config: C): C {
+  return config;
+}
+
+/** A config that cannot be used; the message names the file and the field. */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+}
+
+const envSchema = z.object({
+  NATS_URL: z.string().optional(),
+  NATS_CREDS: z.string().min(1).optional(),
+  NATS_NKEY: z.string().min(1).optional(),
+  NATS_USER: z.string().min(1).optional(),
+  NATS_PASSWORD: z.string().optional(),
+  NATS_TOKEN: z.string().min(1).optional(),
+  HTTP_HOST: z.string().min(1).optional(),
+  HTTP_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+});
+
+/**
+ * Validates a raw config and applies the environment of SPEC §6 over it: `NATS_URL`
+ * (comma-separated servers), `NATS_CREDS`, `NATS_NKEY`, `NATS_USER`, `NATS_PASSWORD`,
+ * `NATS_TOKEN`, `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
+ */
+export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv = process.env): Config {
+  const shown = relative(process.cwd(), file) || file;
+  const parsed = configSchema.safeParse(raw);
+  if (!parsed.success) throw new ConfigError(`${shown}: ${formatIssues(parsed.error.issues)}`);
+  const vars = envSchema.safeParse(env);
+  if (!vars.success) throw new ConfigError(`environment: ${formatIssues(vars.error.issues)}`);
+  const e = vars.data;
+  const config = parsed.data;
+  const servers = e.NATS_URL?.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  return {
+    ...config,
+    root: dirname(file),
+    file,
+    nats: {
+      ...config.nats,
+      servers: servers && servers.length > 0 ? servers : config.nats.servers,
+      creds: e.NATS_CREDS ?? config.nats.creds,
+      nkey: e.NATS_NKEY ?? config.nats.nkey,
+      user: e.NATS_USER ?? config.nats.user,
+      password: e.NATS_PASSWORD ?? config.nats.password,
+      token: e.NATS_TOKEN ?? config.nats.token,
+    },
+    http: { host: e.HTTP_HOST ?? config.http.host, port: e.HTTP_PORT ?? config.http.port },
+  };
+}
+
+/**
+ * Imports the config file (default `./wrangler-free.config.ts`) and resolves it with
+ * {@link resolveConfig}. Throws {@link ConfigError} when the file is missing or invalid.
+ */
+export async function loadConfig(
+  file: string = resolve(CONFIG_FILE),
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Config> {
+  const path = resolve(file);
+  if (!existsSync(path)) throw new ConfigError(`${file}: no such config file`);
+  let module: { default?: unknown };
+  try {
+    module = (await import(pathToFileURL(path).href)) as { default?: unknown };
+  } catch (err) {
+    throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`);
+  }
+  return resolveConfig(module.default, path, env);
+}
+
+/** Resolves a folder named in the config (functions, state) against the config's folder. */
+export function configPath(config: Config, folder: string): string {
+  return resolve(config.root, folder);
+}

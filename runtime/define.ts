@@ -1,0 +1,131 @@
+import { z } from "zod";
+import type { Logger } from "pino";
+import type { ReadBucket, WriteBucket } from "./buckets.ts";
+
+/** HTTP methods a function can be bound to. */
+export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
+export type HttpMethod = (typeof HTTP_METHODS)[number];
+
+/**
+ * What makes a function run (SPEC §6):
+ * - `{ subject }`: request/reply on a NATS subject, in the seat's queue group;
+ * - `{ cron, onStart? }`: a cron schedule (5 or 6 fields), and once at start when `onStart`;
+ * - `{ http: "METHOD /path" }`: a route of the HTTP server.
+ */
+export type Trigger =
+  | { readonly subject: string }
+  | { readonly cron: string; readonly onStart?: boolean }
+  | { readonly http: `${HttpMethod} /${string}` };
+
+/** What triggered one run, as the handler sees it in `ctx.trigger`. */
+export type TriggerInfo =
+  | { readonly kind: "subject"; readonly subject: string }
+  | { readonly kind: "http"; readonly method: string; readonly path: string }
+  | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
+  | { readonly kind: "start" }
+  | { readonly kind: "invoke" };
+
+/** The clock a function reads time from; tests may hand in their own. */
+export interface Clock {
+  now(): Date;
+}
+
+/** Everything a handler gets besides its input: only what its definition declared. */
+export interface Context<Reads extends string = never, Writes extends string = never, Config = unknown> {
+  /** The function's name: its file name without `.ts`. */
+  readonly function: string;
+  readonly trigger: TriggerInfo;
+  /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
+  readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
+  readonly log: Logger;
+  /** The part of the deployment's config the function's `config` schema asked for, parsed. */
+  readonly config: Config;
+  readonly clock: Clock;
+  /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
+  readonly limits: { readonly maxPayload: number };
+}
+
+/** The object a function file default-exports, made with {@link defineFunction}. */
+export interface FunctionDefinition<
+  Reads extends string = string,
+  Writes extends string = string,
+  Input extends z.ZodType = z.ZodType,
+  Config extends z.ZodObject = z.ZodObject,
+  Output = unknown,
+> {
+  /** One sentence: what the function does. Printed at start. */
+  readonly description: string;
+  readonly triggers: readonly Trigger[];
+  /** Schema of the input (request payload, HTTP query or body); `{}` when absent. */
+  readonly input?: Input;
+  /** Schema of the config fields the function reads; checked against the config at start. */
+  readonly config?: Config;
+  /** Buckets (by their name in the config's `buckets`) the function reads and writes. */
+  readonly access?: { readonly reads?: readonly Reads[]; readonly writes?: readonly Writes[] };
+  readonly handler: (
+    input: z.output<Input>,
+    ctx: Context<Reads, Writes, z.output<Config>>,
+  ) => Output | Promise<Output>;
+}
+
+/**
+ * Declares one function. The returned value is the definition itself, typed so that `ctx`
+ * carries exactly the buckets named in `access` and the config the `config` schema parses.
+ */
+export function defineFunction<
+  const Reads extends string = never,
+  const Writes extends string = never,
+  Input extends z.ZodType = z.ZodObject<{}, z.core.$strict>,
+  Config extends z.ZodObject = z.ZodObject<{}>,
+  Output = unknown,
+>(
+  definition: FunctionDefinition<Reads, Writes, Input, Config, Output>,
+): FunctionDefinition<Reads, Writes, Input, Config, Output> {
+  return definition;
+}
+
+const zodSchema = z.custom<z.ZodType>(
+  (value) => value instanceof z.ZodType,
+  "must be a zod schema",
+);
+const zodObject = z.custom<z.ZodObject>(
+  (value) => value instanceof z.ZodObject,
+  "must be a zod object schema (z.object)",
+);
+const bucketNames = z.array(z.string().min(1)).readonly();
+
+const subjectTrigger = z.strictObject({
+  subject: z
+    .string()
+    .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces"),
+});
+const cronTrigger = z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() });
+const httpTrigger = z.strictObject({
+  http: z
+    .string()
+    .regex(
+      new RegExp(`^(${HTTP_METHODS.join("|")}) /\\S*$`),
+      `must be "METHOD /path" with METHOD one of ${HTTP_METHODS.join(", ")}`,
+    ),
+});
+
+/** How the loader checks a default export before binding it (SPEC §6). */
+export const definitionSchema = z.strictObject({
+  description: z.string().min(1, "must say what the function does"),
+  triggers: z
+    .array(
+      z.union([subjectTrigger, cronTrigger, httpTrigger], {
+        error: "must be one of { subject }, { cron, onStart? }, { http: \"METHOD /path\" }",
+      }),
+    )
+    .min(1, "a function needs at least one trigger"),
+  input: zodSchema.optional(),
+  config: zodObject.optional(),
+  access: z
+    .strictObject({ reads: bucketNames.optional(), writes: bucketNames.optional() })
+    .optional(),
+  handler: z.custom<(...args: unknown[]) => unknown>(
+    (value) => typeof value === "function",
+    "must be a function (input, ctx) => answer",
+  ),
+});

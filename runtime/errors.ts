@@ -1,0 +1,37 @@
+import type { z } from "zod";
+
+/**
+ * An error a handler throws on purpose: `code` is the NATS service error code (and HTTP status)
+ * of the refusal, `message` is what the caller is told. 400 is bad input, 500 a fault (SPEC §4).
+ */
+export class ServiceError extends Error {
+  override readonly name = "ServiceError";
+  constructor(
+    readonly code: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** A 400 refusal: the caller sent something this function does not take. */
+export function badInput(message: string): ServiceError {
+  return new ServiceError(400, message);
+}
+
+/**
+ * Says a zod error in one line a caller can act on: each problem as `<field path>: <message>`,
+ * joined by `; `. An unknown key is said as `<key>: unknown field`; a problem with the whole
+ * value is said without a path.
+ */
+export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
+  return issues
+    .flatMap((issue) => {
+      const at = issue.path.map(String);
+      if (issue.code === "unrecognized_keys") {
+        return issue.keys.map((key) => `${[...at, key].join(".")}: unknown field`);
+      }
+      return [at.length > 0 ? `${at.join(".")}: ${issue.message}` : issue.message];
+    })
+    .join("; ");
+}

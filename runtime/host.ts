@@ -1,0 +1,116 @@
+import type { KV, NatsConnection } from "nats";
+import type { Logger } from "pino";
+import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
+import type { Config } from "./config.ts";
+import type { Clock, Context, TriggerInfo } from "./define.ts";
+import { formatIssues, ServiceError } from "./errors.ts";
+import type { LoadedFunction } from "./loader.ts";
+
+/** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
+export type Outcome =
+  | { readonly ok: true; readonly value: unknown }
+  | { readonly ok: false; readonly error: { readonly code: number; readonly message: string } };
+
+/** The context of a function seen from the runtime, whatever buckets and config it declared. */
+export type AnyContext = Context<string, string, unknown>;
+
+/** What every binding shares: the connection, the opened buckets, and how a function runs. */
+export interface Host {
+  readonly nc: NatsConnection;
+  readonly config: Config;
+  readonly log: Logger;
+  /** The `ctx` a function gets for one run: only the buckets it declared. */
+  context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
+  /**
+   * Validates `raw` with the function's input schema and runs its handler. Never throws:
+   * bad input is a 400, a {@link ServiceError} keeps its code, anything else is logged and a 500.
+   */
+  run(fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome>;
+}
+
+export interface HostOptions {
+  readonly nc: NatsConnection;
+  readonly config: Config;
+  readonly log: Logger;
+  readonly clock?: Clock;
+}
+
+/**
+ * Asserts every bucket of `config.buckets` on the connection: creates a missing one with its
+ * `history`, leaves an existing one as it is (never emptied). Returns the opened buckets by
+ * their config name. Throws naming the bucket when the server refuses.
+ */
+export async function assertBuckets(nc: NatsConnection, config: Config): Promise<Map<string, KV>> {
+  const js = nc.jetstream();
+  const opened = new Map<string, KV>();
+  for (const [name, { bucket, history }] of Object.entries(config.buckets)) {
+    try {
+      opened.set(name, await js.views.kv(bucket, { history }));
+    } catch (err) {
+      throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
+    }
+  }
+  return opened;
+}
+
+/** Opens the host: asserts the buckets, then hands out contexts and runs functions. */
+export async function openHost({ nc, config, log, clock = { now: () => new Date() } }: HostOptions): Promise<Host> {
+  const kvs = await assertBuckets(nc, config);
+  const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
+  type Shared = Omit<Context<string, string, unknown>, "trigger" | "buckets"> & { buckets: AnyContext["buckets"] };
+  const perFunction = new Map<LoadedFunction, Shared>();
+
+  const prepared = (fn: LoadedFunction): Shared => {
+    let shared = perFunction.get(fn);
+    if (shared !== undefined) return shared;
+    const { access, config: schema } = fn.definition;
+    const buckets: Record<string, ReadBucket | WriteBucket> = {};
+    for (const name of access?.reads ?? []) buckets[name] = readBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+    for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+    shared = {
+      function: fn.name,
+      buckets: Object.freeze(buckets) as AnyContext["buckets"],
+      log: log.child({ function: fn.name }),
+      config: schema === undefined ? {} : schema.parse(config),
+      clock,
+      limits,
+    };
+    perFunction.set(fn, shared);
+    return shared;
+  };
+
+  const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => ({ ...prepared(fn), trigger });
+
+  const run = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
+    const ctx = context(fn, trigger);
+    const input = fn.input.safeParse(raw);
+    if (!input.success) {
+      const message = formatIssues(input.error.issues);
+      ctx.log.info({ trigger, refused: message }, "refused bad input");
+      return { ok: false, error: { code: 400, message } };
+    }
+    try {
+      const handler = fn.definition.handler as (input: unknown, ctx: AnyContext) => unknown;
+      return { ok: true, value: await handler(input.data, ctx) };
+    } catch (err) {
+      if (err instanceof ServiceError) {
+        ctx.log.info({ trigger, code: err.code, refused: err.message }, "refused");
+        return { ok: false, error: { code: err.code, message: err.message } };
+      }
+      ctx.log.error({ trigger, err }, "handler failed");
+      return { ok: false, error: { code: 500, message: `${fn.name} failed: ${(err as Error).message}` } };
+    }
+  };
+
+  return { nc, config, log, context, run };
+}
+
+/**
+ * Runs one function once with the context the runtime builds (trigger `invoke`), for tests and
+ * the CLI. Returns the handler's answer; throws a {@link ServiceError} with the refusal's code.
+ */
+export async function invoke(host: Host, fn: LoadedFunction, input: unknown = {}): Promise<unknown> {
+  const outcome = await host.run(fn, input, { kind: "invoke" });
+  if (!outcome.ok) throw new ServiceError(outcome.error.code, outcome.error.message);
+  return outcome.value;
+}

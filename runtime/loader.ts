@@ -1,0 +1,155 @@
+import { existsSync, readdirSync, statSync } from "node:fs";
+import { basename, join, relative } from "node:path";
+import { pathToFileURL } from "node:url";
+import { Cron } from "croner";
+import { z } from "zod";
+import { configPath, configSchema, type Config } from "./config.ts";
+import { definitionSchema, type FunctionDefinition, type Trigger } from "./define.ts";
+import { formatIssues } from "./errors.ts";
+
+/** A function file that passed its checks: its name is the file name without `.ts`. */
+export interface LoadedFunction {
+  readonly name: string;
+  readonly file: string;
+  readonly definition: FunctionDefinition;
+  /** The input schema; a strict empty object when the definition has none. */
+  readonly input: z.ZodType;
+}
+
+/** Start cannot go on: `problems` holds one sentence per file or field at fault. */
+export class LoadError extends Error {
+  override readonly name = "LoadError";
+  constructor(readonly problems: readonly string[]) {
+    super(problems.join("\n"));
+  }
+}
+
+const shown = (file: string) => relative(process.cwd(), file) || file;
+const NAME = /^[A-Za-z0-9_-]+$/;
+
+/**
+ * The function files of `dir`: every `*.ts` whose name does not start with `_` (nor ends in
+ * `.d.ts` or `.test.ts`), as absolute paths sorted by name. Throws {@link LoadError} when `dir`
+ * is not a folder.
+ */
+export function scanFunctions(dir: string): string[] {
+  if (!existsSync(dir) || !statSync(dir).isDirectory()) {
+    throw new LoadError([`${shown(dir)}: the functions folder does not exist or is not a folder`]);
+  }
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".ts") && !f.startsWith("_") && !f.endsWith(".d.ts") && !f.endsWith(".test.ts"))
+    .sort()
+    .map((f) => join(dir, f));
+}
+
+/** Imports one function file and checks its default export. Throws {@link LoadError}. */
+export async function loadFunction(file: string): Promise<LoadedFunction> {
+  const name = basename(file, ".ts");
+  if (!NAME.test(name)) {
+    throw new LoadError([`${shown(file)}: a function's file name must be letters, digits, - or _`]);
+  }
+  let module: { default?: unknown };
+  try {
+    module = (await import(pathToFileURL(file).href)) as { default?: unknown };
+  } catch (err) {
+    throw new LoadError([`${shown(file)}: cannot be loaded: ${(err as Error).message}`]);
+  }
+  if (module.default === undefined) {
+    throw new LoadError([`${shown(file)}: has no default export; export default defineFunction({...})`]);
+  }
+  const parsed = definitionSchema.safeParse(module.default);
+  if (!parsed.success) {
+    throw new LoadError([`${shown(file)}: not a valid function: ${formatIssues(parsed.error.issues)}`]);
+  }
+  const definition = module.default as FunctionDefinition;
+  const input = definition.input ?? z.strictObject({});
+  const problems: string[] = [];
+  definition.triggers.forEach((trigger, i) => {
+    if (!("cron" in trigger)) return;
+    try {
+      new Cron(trigger.cron, { paused: true }).stop();
+    } catch (err) {
+      problems.push(`${shown(file)}: triggers.${i}.cron: ${(err as Error).message}`);
+    }
+    if (!input.safeParse({}).success) {
+      problems.push(`${shown(file)}: triggers.${i}: a cron run's input is {}, which the input schema refuses`);
+    }
+  });
+  if (problems.length > 0) throw new LoadError(problems);
+  return { name, file, definition, input };
+}
+
+/** The key two functions may not share: a subject or an HTTP route. */
+function bindingOf(trigger: Trigger): string | undefined {
+  if ("subject" in trigger) return `subject ${trigger.subject}`;
+  if ("http" in trigger) return `route ${trigger.http}`;
+  return undefined;
+}
+
+/**
+ * Checks a loaded function set against itself and the config: no subject or route bound
+ * twice (both files named), buckets in `access` exist in `config.buckets`, each function's
+ * `config` schema accepts the config, and every config field is read by the runtime or a
+ * function. Returns the problems, one sentence each; none means the set can start.
+ */
+export function checkFunctions(functions: readonly LoadedFunction[], config: Config): string[] {
+  const problems: string[] = [];
+  const bound = new Map<string, string[]>();
+  for (const fn of functions) {
+    for (const trigger of fn.definition.triggers) {
+      const key = bindingOf(trigger);
+      if (key !== undefined) bound.set(key, [...(bound.get(key) ?? []), shown(fn.file)]);
+    }
+  }
+  for (const [key, files] of bound) {
+    if (files.length > 1) problems.push(`${key} is bound more than once: by ${files.join(" and ")}`);
+  }
+
+  const buckets = Object.keys(config.buckets);
+  const claimed = new Set(Object.keys(configSchema.shape));
+  for (const fn of functions) {
+    const { access, config: schema } = fn.definition;
+    for (const side of ["reads", "writes"] as const) {
+      for (const bucket of access?.[side] ?? []) {
+        if (!buckets.includes(bucket)) {
+          problems.push(
+            `${shown(fn.file)}: access.${side}: no bucket "${bucket}" in the config (it has ${buckets.join(", ")})`,
+          );
+        }
+      }
+    }
+    if (schema === undefined) continue;
+    for (const field of Object.keys(schema.shape)) claimed.add(field);
+    const parsed = schema.safeParse(config);
+    if (!parsed.success) {
+      problems.push(`${shown(config.file)}: ${formatIssues(parsed.error.issues)} (read by ${shown(fn.file)})`);
+    }
+  }
+  for (const field of Object.keys(config)) {
+    if (!claimed.has(field) && field !== "root" && field !== "file") {
+      problems.push(`${shown(config.file)}: ${field}: unknown field (neither the runtime nor any function reads it)`);
+    }
+  }
+  return problems;
+}
+
+/**
+ * Scans the config's functions folder, loads every file and checks the set with
+ * {@link checkFunctions}. Throws one {@link LoadError} listing every problem found.
+ */
+export async function loadFunctions(config: Config): Promise<LoadedFunction[]> {
+  const files = scanFunctions(configPath(config, config.functions));
+  const problems: string[] = [];
+  const loaded: LoadedFunction[] = [];
+  for (const file of files) {
+    try {
+      loaded.push(await loadFunction(file));
+    } catch (err) {
+      if (!(err instanceof LoadError)) throw err;
+      problems.push(...err.problems);
+    }
+  }
+  problems.push(...checkFunctions(loaded, config));
+  if (problems.length > 0) throw new LoadError(problems);
+  return loaded;
+}

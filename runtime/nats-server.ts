@@ -1,0 +1,130 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { accessSync, constants, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { delimiter, join } from "node:path";
+
+/** `nats-server` could not be found; the message says how to get one or do without. */
+export class NatsServerMissing extends Error {
+  override readonly name = "NatsServerMissing";
+  constructor() {
+    super(
+      "nats-server is not installed. Install it (apt-get install nats-server), " +
+        "set NATS_SERVER_BIN to its path, or set NATS_URL to use a running server instead of the embedded one.",
+    );
+  }
+}
+
+const SBIN = ["/usr/sbin", "/usr/local/sbin"];
+
+/**
+ * Finds the `nats-server` binary: `NATS_SERVER_BIN`, then the `PATH`, then `sbin` (the folders
+ * Debian installs it in, often missing from a user's `PATH`). Throws {@link NatsServerMissing}.
+ */
+export function findNatsServer(env: NodeJS.ProcessEnv = process.env, sbin: readonly string[] = SBIN): string {
+  const candidates = env.NATS_SERVER_BIN
+    ? [env.NATS_SERVER_BIN]
+    : [...(env.PATH ?? "").split(delimiter), ...sbin]
+        .filter((dir) => dir !== "")
+        .map((dir) => join(dir, "nats-server"));
+  for (const file of candidates) {
+    try {
+      accessSync(file, constants.X_OK);
+      return file;
+    } catch {
+      // not here
+    }
+  }
+  throw new NatsServerMissing();
+}
+
+/** A loopback port nothing listens on right now. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.unref();
+    probe.on("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const { port } = probe.address() as { port: number };
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/** A `nats-server` child of this process. */
+export interface RunningNatsServer {
+  readonly url: string;
+  readonly port: number;
+  readonly pid: number;
+  /** Stops the server (SIGTERM, then SIGKILL after 5 s) and waits for it to exit. */
+  stop(): Promise<void>;
+}
+
+export interface SpawnOptions {
+  /** The server's configuration: written as JSON, which nats-server's config format accepts. */
+  readonly conf: Record<string, unknown>;
+  /** Where the configuration file is written. */
+  readonly confFile: string;
+  /** Loopback port to listen on; a free one when absent. */
+  readonly port?: number;
+  readonly env?: NodeJS.ProcessEnv;
+}
+
+const READY = /Server is ready/;
+
+function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const kill = setTimeout(() => child.kill("SIGKILL"), 5000);
+    child.once("exit", () => {
+      clearTimeout(kill);
+      resolve();
+    });
+    child.kill("SIGTERM");
+  });
+}
+
+/**
+ * Starts `nats-server -c confFile` on 127.0.0.1 and resolves once it logs that it is ready.
+ * The child is killed if this process exits first. Rejects with the server's last log lines
+ * when it exits or is not ready within 20 s; throws {@link NatsServerMissing}.
+ */
+export async function spawnNatsServer(options: SpawnOptions): Promise<RunningNatsServer> {
+  const bin = findNatsServer(options.env);
+  const port = options.port ?? (await freePort());
+  writeFileSync(options.confFile, JSON.stringify({ ...options.conf, host: "127.0.0.1", port }, null, 2), {
+    mode: 0o600,
+  });
+  // Its own process group: a terminal's Ctrl-C reaches this process, which stops the child in order.
+  const child = spawn(bin, ["-c", options.confFile], { stdio: ["ignore", "ignore", "pipe"], detached: true });
+  const killOnExit = () => child.kill("SIGKILL");
+  process.on("exit", killOnExit);
+  child.once("exit", () => process.off("exit", killOnExit));
+
+  const log: string[] = [];
+  await new Promise<void>((resolve, reject) => {
+    const fail = (why: string) => {
+      clearTimeout(timer);
+      void stopChild(child);
+      reject(new Error(`nats-server ${why}:\n${log.slice(-15).join("\n")}`));
+    };
+    const timer = setTimeout(() => fail("was not ready within 20 s"), 20_000);
+    child.once("error", (err) => fail(`could not be started (${err.message})`));
+    child.once("exit", (code, signal) => fail(`exited before it was ready (${signal ?? `code ${code}`})`));
+    child.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
+      log.push(...chunk.split("\n").filter((line) => line !== ""));
+      if (log.length > 200) log.splice(0, log.length - 200);
+      if (READY.test(chunk)) {
+        clearTimeout(timer);
+        child.removeAllListeners("exit");
+        child.once("exit", () => process.off("exit", killOnExit));
+        resolve();
+      }
+    });
+  });
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    port,
+    pid: child.pid!,
+    stop: () => stopChild(child),
+  };
+}

@@ -1,0 +1,112 @@
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { serve, type ServerType } from "@hono/node-server";
+import type { Logger } from "pino";
+import { bindCron, bindSubjects, httpApp, type Binding } from "./bind.ts";
+import type { Config } from "./config.ts";
+import type { Clock, Trigger } from "./define.ts";
+import { openHost, type Host } from "./host.ts";
+import { loadFunctions, type LoadedFunction } from "./loader.ts";
+import { createLogger } from "./log.ts";
+import { openSession, type Session } from "./session.ts";
+
+export interface StartOptions {
+  readonly config: Config;
+  readonly log?: Logger;
+  readonly clock?: Clock;
+  /** The embedded server's `max_payload` in bytes, when one is started. */
+  readonly maxPayload?: number;
+}
+
+/** A running function set. */
+export interface Running {
+  readonly natsUrl: string;
+  readonly httpUrl: string;
+  /** True when this process started the embedded nats-server. */
+  readonly embedded: boolean;
+  readonly functions: readonly LoadedFunction[];
+  readonly host: Host;
+  /** Unbinds every trigger, closes HTTP, drains the connection and stops the embedded server. */
+  stop(): Promise<void>;
+}
+
+/** The version in the `package.json` beside the config, for the NATS service; `0.0.0` if none. */
+function versionOf(config: Config): string {
+  const file = join(config.root, "package.json");
+  if (!existsSync(file)) return "0.0.0";
+  return (JSON.parse(readFileSync(file, "utf8")) as { version?: string }).version ?? "0.0.0";
+}
+
+function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Promise<ServerType> {
+  return new Promise((resolve, reject) => {
+    const server = serve({ fetch: app.fetch, hostname: host, port }, () => resolve(server));
+    server.once("error", (err: NodeJS.ErrnoException) =>
+      reject(
+        new Error(
+          err.code === "EADDRINUSE"
+            ? `HTTP port ${port} on ${host} is in use: set HTTP_PORT to another port (0 picks a free one)`
+            : `HTTP server cannot listen on ${host}:${port}: ${err.message}`,
+        ),
+      ),
+    );
+  });
+}
+
+/**
+ * Starts the function set of `config` (SPEC §6): loads and checks every function file, opens
+ * the bus (the configured servers, or the embedded server), asserts the buckets, binds subjects,
+ * HTTP routes and cron, and runs the `onStart` functions. Throws, having released what it
+ * opened, when any step fails; the error says which.
+ */
+export async function start(options: StartOptions): Promise<Running> {
+  const { config } = options;
+  const log = options.log ?? createLogger();
+  const functions = await loadFunctions(config);
+  const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload });
+  const bindings: Binding[] = [];
+  let http: ServerType | undefined;
+  let stopping: Promise<void> | undefined;
+  const stop = () =>
+    (stopping ??= (async () => {
+      for (const binding of [...bindings].reverse()) await binding.stop();
+      if (http !== undefined) await new Promise((resolve) => http!.close(resolve));
+      await session.close();
+    })());
+  try {
+    const host = await openHost({ nc: session.nc, config, log, clock: options.clock });
+    bindings.push(await bindSubjects(host, functions, versionOf(config)));
+    http = await listen(httpApp(host, functions), config.http.host, config.http.port);
+    bindings.push(await bindCron(host, functions));
+    const { port } = http.address() as { port: number };
+    return {
+      natsUrl: session.url,
+      httpUrl: `http://${config.http.host}:${port}`,
+      embedded: session.embedded !== undefined,
+      functions,
+      host,
+      stop,
+    };
+  } catch (err) {
+    await stop().catch(() => {});
+    throw err;
+  }
+}
+
+function describeTrigger(trigger: Trigger): string {
+  if ("subject" in trigger) return `subject ${trigger.subject}`;
+  if ("http" in trigger) return `http ${trigger.http}`;
+  return `cron ${trigger.cron}${trigger.onStart ? " (and at start)" : ""}`;
+}
+
+/** The lines printed at start: where NATS and HTTP are, and each function with its triggers. */
+export function describe(running: Running): string[] {
+  const width = Math.max(...running.functions.map((fn) => fn.name.length));
+  return [
+    `NATS  ${running.natsUrl}${running.embedded ? " (embedded nats-server)" : ""}`,
+    `HTTP  ${running.httpUrl}`,
+    "functions:",
+    ...running.functions.map(
+      (fn) => `  ${fn.name.padEnd(width)}  ${fn.definition.triggers.map(describeTrigger).join(", ")}`,
+    ),
+  ];
+}

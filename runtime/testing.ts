@@ -1,0 +1,79 @@
+/**
+ * Helpers for tests of functions and of the runtime: a real nats-server per test file,
+ * configured as the embedded default is (the seat's user, one user per node), in a
+ * temporary folder that is removed at the end.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { KV, NatsConnection } from "nats";
+import type { Config } from "./config.ts";
+import { startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
+import { connectTo } from "./session.ts";
+
+/** A nats-server of a test, and ways to reach it as its users. */
+export interface TestBus {
+  readonly server: EmbeddedServer;
+  readonly url: string;
+  /** `config` pointed at this server as the seat, with HTTP on a free port. */
+  readonly config: Config;
+  /** Connects as the seat (no argument) or as a node's user. */
+  connect(user?: string): Promise<NatsConnection>;
+  /** A bucket of the config (by its config name) opened as the seat or a node, never created. */
+  kv(bucket: string, user?: string): Promise<KV>;
+  /** Closes every connection opened here, stops the server and removes its folder. */
+  stop(): Promise<void>;
+}
+
+export interface TestBusOptions {
+  /** The server's `max_payload`, in bytes. */
+  readonly maxPayload?: number;
+  /** Node users; the config's embedded nodes by default. */
+  readonly nodes?: readonly string[];
+}
+
+/**
+ * Starts a nats-server for a test from `config` (its seat, buckets and nodes) on a free port,
+ * with its store in a new temporary folder.
+ */
+export async function startTestBus(config: Config, options: TestBusOptions = {}): Promise<TestBus> {
+  const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-test-"));
+  const server = await startEmbedded({
+    stateDir: dir,
+    seat: config.seat,
+    buckets: Object.values(config.buckets),
+    nodes: options.nodes ?? config.embedded.nodes,
+    maxPayload: options.maxPayload,
+  });
+  const opened: NatsConnection[] = [];
+  const credentials = (user?: string): Credentials => {
+    const found = user === undefined ? server.seat : server.nodes[user];
+    if (found === undefined) throw new Error(`the test server has no user ${user}`);
+    return found;
+  };
+  const connect = async (user?: string) => {
+    const { user: name, password } = credentials(user);
+    const nc = await connectTo([server.url], { user: name, pass: password, name: `test ${name}` });
+    opened.push(nc);
+    return nc;
+  };
+  return {
+    server,
+    url: server.url,
+    config: {
+      ...config,
+      nats: { servers: [server.url], user: server.seat.user, password: server.seat.password },
+      http: { host: "127.0.0.1", port: 0 },
+    },
+    connect,
+    kv: async (bucket, user) => {
+      const name = config.buckets[bucket]?.bucket ?? bucket;
+      return (await connect(user)).jetstream().views.kv(name, { bindOnly: true });
+    },
+    stop: async () => {
+      await Promise.all(opened.map((nc) => nc.close()));
+      await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,0 +1,215 @@
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { ROOT, startSet, testBus } from "./helpers.ts";
+
+const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
+const run = promisify(execFile);
+
+/** The environment of a user with none of the NATS variables set. */
+const cleanEnv = (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv => {
+  const env: NodeJS.ProcessEnv = { ...process.env, LOG_LEVEL: "warn", HTTP_PORT: "0", ...extra };
+  for (const name of ["NATS_URL", "NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY"]) {
+    if (!(name in extra)) delete env[name];
+  }
+  return env;
+};
+
+/** A project folder whose config is the project's, with its own state folder. */
+function project(overrides = ""): { dir: string; config: string } {
+  mkdirSync(join(ROOT, ".tmp"), { recursive: true });
+  const dir = mkdtempSync(join(ROOT, ".tmp", "project-"));
+  const config = join(dir, "wrangler-free.config.ts");
+  writeFileSync(
+    config,
+    `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
+      `export default { ...base, functions: ${JSON.stringify(join(ROOT, "functions"))}, state: "state"${overrides} };\n`,
+  );
+  return { dir, config };
+}
+
+async function cli(config: string, args: string[], env: NodeJS.ProcessEnv = {}) {
+  try {
+    const { stdout, stderr } = await run("node", [BIN, "-c", config, ...args], { env: cleanEnv(env), cwd: ROOT });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+interface Started {
+  readonly child: ChildProcess;
+  readonly banner: string;
+  /** The exit code, or the signal that ended the process. */
+  readonly exited: Promise<number | string | null>;
+}
+
+/** `mesh-provisioner start`, resolved once it printed its functions. */
+function startCli(config: string, env: NodeJS.ProcessEnv = {}): Promise<Started> {
+  const child = spawn("node", [BIN, "-c", config, "start"], { env: cleanEnv(env), cwd: ROOT });
+  const exited = new Promise<number | string | null>((resolve) =>
+    child.once("exit", (code, signal) => resolve(code ?? signal)),
+  );
+  let out = "";
+  let err = "";
+  child.stderr!.on("data", (d) => (err += d));
+  return new Promise((resolve, reject) => {
+    child.stdout!.on("data", (d) => {
+      out += d;
+      if (/registry-compile .*\n/.test(out)) resolve({ child, banner: out, exited });
+    });
+    void exited.then((code) => reject(new Error(`start exited (${code}): ${err}${out}`)));
+  });
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const children: ChildProcess[] = [];
+const dirs: string[] = [];
+afterEach(() => {
+  for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
+});
+afterAll(() => {
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+});
+
+describe("the embedded default, end to end", () => {
+  it("starts, takes the demo, answers `ask`, `invoke` and HTTP, and stops its nats-server on SIGTERM", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const started = await startCli(config);
+    children.push(started.child);
+    expect(started.banner).toMatch(/^NATS  nats:\/\/127\.0\.0\.1:\d+ \(embedded nats-server\)$/m);
+    expect(started.banner).toMatch(/^  provisioning      subject mesh-provisioner\.provisioning, http GET \/provisioning$/m);
+    expect(started.banner).toMatch(/^  registry-compile  cron 0 \* \* \* \* \(and at start\)$/m);
+    const httpUrl = started.banner.match(/^HTTP  (\S+)$/m)![1]!;
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number };
+    expect(alive(marker.pid)).toBe(true);
+
+    const demo = await cli(config, ["demo"]);
+    expect(demo.stderr).toBe("");
+    expect(demo.stdout).toContain("birch: wrote 30 records as node birch");
+
+    const ask = await cli(config, ["ask", "needs", "--node", "birch", "--module", "gitea"]);
+    expect(ask.code).toBe(0);
+    expect(ask.stdout.split("\n").map((line) => line.trimEnd().split(/\s{2,}/).slice(0, 4).join("|"))).toEqual([
+      "NODE|MODULE|KIND|NAME",
+      "birch|gitea|bound|postgres/address",
+      "birch|gitea|collected|ssh-keys",
+      "birch|gitea|config|app_name",
+      "birch|gitea|dir|state",
+      "birch|gitea|port|http",
+      "birch|gitea|secret|admin_password",
+      "6 needs entries",
+      "",
+    ]);
+    const whole = await cli(config, ["ask", "needs", "--node", "birch"]);
+    expect(whole.stdout).toContain("18 needs entries");
+    const json = JSON.parse((await cli(config, ["ask", "collect", "--collection", "shell:zsh:normal", "--node", "birch", "--json"])).stdout);
+    expect(json.entries.map((e: { contributor: string }) => e.contributor)).toEqual(["docker", "gitea"]);
+
+    const refused = await cli(config, ["ask", "needs", "--node", "n1.>"]);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toMatch(/^mesh-provisioner: refused \(400\): node: must be one token/);
+
+    const invoked = await cli(config, ["invoke", "provisioning", '{"what":"registry","kind":"seat"}']);
+    expect(JSON.parse(invoked.stdout).entries[0].value).toEqual({
+      kind: "seat",
+      module: "mesh-controller",
+      bucket: "mesh-controller_assignments",
+      key: "<node>.<module>",
+    });
+    const http = await fetch(`${httpUrl}/provisioning?what=applied&node=alder&module=zsh`);
+    expect(((await http.json()) as { entries: { value: unknown }[] }).entries[0]!.value).toEqual({
+      at: "2026-11-29T08:00:00.000Z",
+      placeholders: 2,
+      files: ["/etc/zsh/zshrc", "/etc/profile.d/mesh.sh"],
+    });
+
+    started.child.kill("SIGTERM");
+    expect(await started.exited).toBe(0);
+    expect(alive(marker.pid)).toBe(false);
+    expect(existsSync(join(dir, "state", "embedded.json"))).toBe(false);
+
+    // A restart keeps what the nodes wrote: the store is under the state folder.
+    const again = await startCli(config);
+    children.push(again.child);
+    expect((await cli(config, ["ask", "needs", "--node", "birch"])).stdout).toContain("18 needs entries");
+    again.child.kill("SIGINT");
+    expect(await again.exited).toBe(0);
+  });
+
+  it("refuses a second start on the same state folder, and cleans up after a killed one", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const first = await startCli(config);
+    children.push(first.child);
+    const second = await cli(config, ["start"]);
+    expect(second.code).toBe(1);
+    expect(second.stderr).toMatch(/^mesh-provisioner: the embedded nats-server of this folder \(nats:\/\/127\.0\.0\.1:\d+\) is in use by process \d+/);
+
+    const orphan = (JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number }).pid;
+    first.child.kill("SIGKILL");
+    await first.exited;
+    const third = await startCli(config);
+    children.push(third.child);
+    expect(alive(orphan)).toBe(false);
+    third.child.kill("SIGTERM");
+    expect(await third.exited).toBe(0);
+  });
+
+  it("says how to get nats-server when there is none, without a stack trace", async () => {
+    expect(() => findNatsServer({ PATH: "/nowhere" }, [])).toThrow(NatsServerMissing);
+    const { dir, config } = project();
+    dirs.push(dir);
+    const result = await cli(config, ["start"], { NATS_SERVER_BIN: "/nowhere/nats-server" });
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe(
+      "mesh-provisioner: nats-server is not installed. Install it (apt-get install nats-server), " +
+        "set NATS_SERVER_BIN to its path, or set NATS_URL to use a running server instead of the embedded one.\n",
+    );
+  });
+
+  it("stops on a bad config, naming the field", async () => {
+    const { dir, config } = project(`, http: { port: "eighty" }`);
+    dirs.push(dir);
+    const result = await cli(config, ["start"]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(/^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/);
+  });
+});
+
+describe("the embedded server's users (SPEC §2)", () => {
+  let bus: TestBus;
+  beforeAll(async () => {
+    bus = await testBus();
+    const set = await startSet(bus);
+    await set.stop();
+  });
+  afterAll(() => bus.stop());
+
+  it("lets a node write only its own keys, and the seat none of the node buckets", async () => {
+    const alder = await bus.kv("needs", "alder");
+    await expect(alder.put("alder.gitea.config.db_url", "{}")).resolves.toBeGreaterThan(0);
+    await expect(alder.put("birch.gitea.config.db_url", "{}")).rejects.toThrow(/Permissions Violation/);
+    const seatNeeds = await bus.kv("needs");
+    await expect(seatNeeds.put("alder.gitea.config.db_url", "{}")).rejects.toThrow(/Permissions Violation/);
+    for (const bucket of ["applied", "collect"]) {
+      await expect((await bus.kv(bucket)).put("alder.x.y", "{}")).rejects.toThrow(/Permissions Violation/);
+    }
+    await expect((await bus.kv("registry", "alder")).put("config", "{}")).rejects.toThrow(/Permissions Violation/);
+    await expect((await bus.kv("registry")).put("probe", "{}")).resolves.toBeGreaterThan(0);
+  });
+});

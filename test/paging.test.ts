@@ -1,0 +1,66 @@
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { request, startSet, testBus } from "./helpers.ts";
+
+const KEYS = 20_000;
+const MAX_PAYLOAD = 256 * 1024;
+
+let bus: TestBus;
+let set: Running;
+let client: NatsConnection;
+
+beforeAll(async () => {
+  bus = await testBus({ maxPayload: MAX_PAYLOAD });
+  set = await startSet(bus);
+  const needs = await bus.kv("needs", "alder");
+  const value = JSON.stringify({ placeholder: "${config:some_setting}", file: "/etc/some-module/some-module.conf" });
+  for (let start = 0; start < KEYS; start += 1000) {
+    await Promise.all(
+      Array.from({ length: 1000 }, (_, i) => needs.put(`alder.m${(start + i) % 40}.config.k${start + i}`, value)),
+    );
+  }
+  client = await bus.connect("birch");
+});
+afterAll(async () => {
+  await set.stop();
+  await bus.stop();
+});
+
+/** Every page of an unnarrowed needs request: the keys of each and the size of its reply. */
+async function allPages(extra: Record<string, unknown>) {
+  const pages: { keys: string[]; bytes: number }[] = [];
+  let cursor: string | undefined;
+  do {
+    const reply = await request(client, "mesh-provisioner.provisioning", { what: "needs", ...extra, ...(cursor ? { cursor } : {}) });
+    expect(reply.errorCode).toBeUndefined();
+    pages.push({ keys: reply.body.entries.map((e: { key: string }) => e.key), bytes: reply.bytes });
+    cursor = reply.body.next;
+  } while (cursor !== undefined);
+  return pages;
+}
+
+describe(`a needs bucket of ${KEYS} keys`, () => {
+  it("comes in pages under max_payload that together hold every key once, in key order", async () => {
+    const pages = await allPages({ limit: 10_000 });
+    expect(pages.length).toBeGreaterThan(2); // the payload bound, not the limit, cuts these pages
+    for (const page of pages) expect(page.bytes).toBeLessThanOrEqual(MAX_PAYLOAD);
+    const keys = pages.flatMap((p) => p.keys);
+    expect(keys).toHaveLength(KEYS);
+    expect(new Set(keys).size).toBe(KEYS);
+    expect(keys).toEqual([...keys].sort());
+  });
+
+  it("pages by the default limit of 1,000 entries", async () => {
+    const pages = await allPages({});
+    expect(pages.map((p) => p.keys.length)).toEqual(Array(20).fill(1000));
+    expect(new Set(pages.flatMap((p) => p.keys)).size).toBe(KEYS);
+  });
+
+  it("answers a narrowing with only what it reaches", async () => {
+    const reply = await request(client, "mesh-provisioner.provisioning", { what: "needs", node: "alder", module: "m7" });
+    expect(reply.body.entries).toHaveLength(KEYS / 40);
+    expect(reply.body.entries.every((e: { module: string }) => e.module === "m7")).toBe(true);
+  });
+});

@@ -1,0 +1,101 @@
+import { describe, expect, it } from "vitest";
+import { answerPage, cursorAfter, provisioningRequest, requestFilters } from "../functions/_lib/provisioning.ts";
+import { formatIssues, ServiceError, type Entry } from "../runtime/index.ts";
+
+const entry = (key: string, value: string, revision = 1): Entry => ({
+  key,
+  value: new TextEncoder().encode(value),
+  revision,
+  created: new Date("2026-11-29T18:00:00.000Z"),
+});
+const parse = (raw: unknown) => provisioningRequest.parse(raw);
+const refusal = (raw: unknown) => {
+  const r = provisioningRequest.safeParse(raw);
+  return r.success ? "accepted" : formatIssues(r.error.issues);
+};
+
+describe("the request (SPEC §4)", () => {
+  it("defaults to the registry and a limit of 1,000", () => {
+    expect(parse({})).toEqual({ what: "registry", limit: 1000 });
+  });
+
+  it("takes a limit as a number or, from an HTTP query, as digits", () => {
+    expect(parse({ what: "needs", limit: 5 }).limit).toBe(5);
+    expect(parse({ what: "needs", limit: "5" }).limit).toBe(5);
+    expect(refusal({ what: "needs", limit: "5x" })).toBe("limit: must be a whole number");
+    expect(refusal({ what: "needs", limit: 10_001 })).toBe("limit: Too big: expected number to be <=10000");
+  });
+
+  it("names every field that does not apply, and what it narrows", () => {
+    expect(refusal({ what: "registry", node: "n1", contributor: "docker" })).toBe(
+      "node: does not apply to what=registry (it narrows needs, applied, collect); " +
+        "contributor: does not apply to what=registry (it narrows collect)",
+    );
+  });
+
+  it("refuses a collection name with a lone surrogate", () => {
+    expect(refusal({ what: "collect", collection: "a\ud800" })).toBe(
+      "collection: must be well-formed Unicode (no lone surrogate)",
+    );
+  });
+
+  it("reads with a filter that never widens past the narrowing", () => {
+    expect(requestFilters(parse({ what: "needs", node: "n1", kind: "secret" }))).toEqual(["n1.*.secret.>"]);
+    expect(requestFilters(parse({ what: "collect", collection: "a.b>*", contributor: "x" }))).toEqual([
+      "*.a=2Eb=3E=2A.x",
+      "*.a=2Eb=3E=2A.x.>",
+    ]);
+  });
+});
+
+describe("a page of the answer", () => {
+  const rows = ["n1.a", "n1.b", "n1.c", "n1.d"].map((key) => entry(key, `{"v":"${key}"}`));
+
+  it("continues after its cursor and stops at its limit", () => {
+    const first = answerPage(parse({ what: "applied", limit: 3 }), rows, 1024 * 1024);
+    expect(first.entries.map((e) => e.key)).toEqual(["n1.a", "n1.b", "n1.c"]);
+    expect(first.next).toBe(cursorAfter(parse({ what: "applied" }), "n1.c"));
+    const second = answerPage(parse({ what: "applied", limit: 3, cursor: first.next }), rows, 1024 * 1024);
+    expect(second.entries.map((e) => e.key)).toEqual(["n1.d"]);
+    expect(second.next).toBeUndefined();
+  });
+
+  it("keeps each page's JSON under max_payload and says a value too large for any reply", () => {
+    const big = entry("n1.big", JSON.stringify({ blob: "x".repeat(5000) }));
+    const small = (k: string) => entry(k, JSON.stringify({ blob: "y".repeat(900) }));
+    const all = [small("n1.a"), big, small("n1.c"), small("n1.d"), small("n1.e")];
+    const maxPayload = 4096;
+    const pages = [];
+    let cursor: string | undefined;
+    do {
+      const page = answerPage(parse({ what: "applied", ...(cursor ? { cursor } : {}) }), all, maxPayload);
+      expect(Buffer.byteLength(JSON.stringify(page))).toBeLessThanOrEqual(maxPayload - 1024);
+      pages.push(page);
+      cursor = page.next;
+    } while (cursor !== undefined);
+    expect(pages.map((p) => [...p.entries.map((e) => e.key), ...p.outOfShape.map((o) => o.key)].sort())).toEqual([
+      ["n1.a"],
+      ["n1.big", "n1.c", "n1.d"],
+      ["n1.e"],
+    ]);
+    expect(pages[1]!.outOfShape).toEqual([
+      { key: "n1.big", reason: expect.stringMatching(/^its entry \(\d+ bytes\) does not fit in one reply \(max_payload 4096\)$/) },
+    ]);
+  });
+
+  it("says a registry value that is not a registry value, or of another kind", () => {
+    const page = answerPage(
+      parse({}),
+      [entry("dir", '{"kind":"dir","module":"m"}'), entry("port", '{"kind":"seat","module":"m","verb":"a.b"}')],
+      1024 * 1024,
+    );
+    expect(page.entries).toEqual([]);
+    expect(page.outOfShape.map((o) => o.key)).toEqual(["dir", "port"]);
+    expect(page.outOfShape[1]!.reason).toBe("value is of kind seat, not port");
+  });
+
+  it("refuses a cursor for another narrowing with a 400", () => {
+    const cursor = cursorAfter(parse({ what: "needs", node: "n1" }), "n1.a.b.c");
+    expect(() => answerPage(parse({ what: "needs", node: "n2", cursor }), [], 1 << 20)).toThrow(ServiceError);
+  });
+});

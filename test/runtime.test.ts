@@ -1,0 +1,269 @@
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  ConfigError,
+  invoke,
+  loadFunction,
+  LoadError,
+  openHost,
+  resolveConfig,
+  ServiceError,
+  start,
+  type Config,
+} from "../runtime/index.ts";
+import { createLogger } from "../runtime/log.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { projectConfig, request, ROOT, testBus } from "./helpers.ts";
+
+const RUNTIME = join(ROOT, "runtime", "index.ts");
+const TMP = join(ROOT, ".tmp");
+
+let bus: TestBus;
+let seat: NatsConnection;
+const folders: string[] = [];
+
+beforeAll(async () => {
+  bus = await testBus();
+  seat = await bus.connect();
+});
+afterAll(async () => {
+  await bus.stop();
+  for (const dir of folders) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A new functions folder holding `files` (name → source). */
+function functionsFolder(files: Record<string, string>): string {
+  mkdirSync(TMP, { recursive: true });
+  const dir = mkdtempSync(join(TMP, "functions-"));
+  folders.push(dir);
+  for (const [name, source] of Object.entries(files)) writeFileSync(join(dir, name), source);
+  return dir;
+}
+
+const header = `import { z } from "zod";\nimport { defineFunction, badInput } from ${JSON.stringify(RUNTIME)};\n`;
+
+const ECHO = `${header}
+export default defineFunction({
+  description: "Echoes what it is told.",
+  triggers: [{ subject: "probe.echo" }, { http: "POST /probe/echo" }],
+  input: z.object({ say: z.string() }),
+  handler: async (input) => ({ said: input.say }),
+});
+`;
+
+/** The test bus's config with its functions folder at `dir`, and none of the project's fields. */
+function configFor(dir: string): Config {
+  const { registry: _, ...config } = bus.config as Config & { registry?: unknown };
+  return { ...config, functions: dir };
+}
+
+const shown = (file: string) => relative(process.cwd(), file);
+
+describe("loading function files", () => {
+  it("serves a function file dropped into the functions folder, over NATS and HTTP", async () => {
+    const dir = functionsFolder({ "echo.ts": ECHO });
+    const set = await start({ config: configFor(dir) });
+    try {
+      expect(set.functions.map((f) => f.name)).toEqual(["echo"]);
+      const reply = await request(seat, "probe.echo", { say: "hello" });
+      expect(reply.body).toEqual({ said: "hello" });
+      const http = await fetch(`${set.httpUrl}/probe/echo`, { method: "POST", body: JSON.stringify({ say: "over http" }) });
+      expect(await http.json()).toEqual({ said: "over http" });
+      const bad = await fetch(`${set.httpUrl}/probe/echo`, { method: "POST", body: "{not json" });
+      expect(bad.status).toBe(400);
+      expect(await bad.json()).toEqual({ error: { code: 400, message: expect.stringContaining("payload is not JSON") } });
+      const wrong = await request(seat, "probe.echo", { say: 3 });
+      expect(wrong.errorCode).toBe(400);
+      expect(wrong.errorText).toBe("say: Invalid input: expected string, received number");
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("refuses two functions on one subject or one route, naming both files", async () => {
+    const dir = functionsFolder({ "a.ts": ECHO, "b.ts": ECHO.replace("probe.echo", "probe.other") });
+    const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(LoadError);
+    expect((failure as LoadError).problems).toEqual([
+      `route POST /probe/echo is bound more than once: by ${shown(join(dir, "a.ts"))} and ${shown(join(dir, "b.ts"))}`,
+    ]);
+    const same = functionsFolder({ "one.ts": ECHO, "two.ts": ECHO.replace("POST /probe/echo", "POST /probe/two") });
+    const twice = await start({ config: configFor(same) }).catch((e: unknown) => e);
+    expect((twice as LoadError).problems).toEqual([
+      `subject probe.echo is bound more than once: by ${shown(join(same, "one.ts"))} and ${shown(join(same, "two.ts"))}`,
+    ]);
+  });
+
+  it("refuses a file that is not a valid function, naming the file and the problem", async () => {
+    const dir = functionsFolder({
+      "good.ts": ECHO,
+      "no-handler.ts": `${header}export default defineFunction({ description: "x", triggers: [{ subject: "a.b" }] } as any);\n`,
+      "no-default.ts": `${header}export const x = 1;\n`,
+      "broken.ts": `${header}export default defineFunction({ description: "x", triggers: [{ subject: "a.*" }], handler: () => 1 });\n`,
+      "bad-cron.ts": `${header}export default defineFunction({ description: "x", triggers: [{ cron: "61 * * * *" }], handler: () => 1 });\n`,
+      "cron-input.ts": `${header}export default defineFunction({ description: "x", triggers: [{ cron: "0 * * * *" }], input: z.object({ n: z.number() }), handler: () => 1 });\n`,
+      "unknown-bucket.ts": `${header}export default defineFunction({ description: "x", triggers: [{ subject: "u.b" }], access: { reads: ["nope"] }, handler: () => 1 });\n`,
+      "unknown-trigger.ts": `${header}export default defineFunction({ description: "x", triggers: [{ topic: "t" } as any], handler: () => 1 });\n`,
+      "_helper.ts": "this is not even TypeScript, and it is not a function file",
+    });
+    const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(LoadError);
+    const f = (name: string) => shown(join(dir, name));
+    expect((failure as LoadError).problems).toEqual([
+      expect.stringMatching(new RegExp(`^${f("bad-cron.ts")}: triggers\\.0\\.cron: `)),
+      `${f("broken.ts")}: not a valid function: triggers.0.subject: must be a NATS subject without wildcards or spaces`,
+      `${f("cron-input.ts")}: triggers.0: a cron run's input is {}, which the input schema refuses`,
+      `${f("no-default.ts")}: has no default export; export default defineFunction({...})`,
+      `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
+      `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { cron, onStart? }, { http: "METHOD /path" }`,
+      // checks of the set against the config come after the checks of each file
+      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing)`,
+    ]);
+  });
+});
+
+describe("what a function gets", () => {
+  it("hands a function only the buckets it declared, read handles without writes", async () => {
+    const dir = functionsFolder({
+      "probe.ts": `${header}
+export default defineFunction({
+  description: "Says what ctx holds.",
+  triggers: [{ subject: "probe.ctx" }],
+  access: { reads: ["needs"], writes: ["registry"] },
+  handler: async (_input, ctx) => ({
+    buckets: Object.keys(ctx.buckets).sort(),
+    needsCanPut: typeof (ctx.buckets.needs as any).put,
+    registryCanPut: typeof ctx.buckets.registry.put,
+    maxPayload: ctx.limits.maxPayload,
+    trigger: ctx.trigger,
+  }),
+});
+`,
+    });
+    const set = await start({ config: configFor(dir) });
+    try {
+      expect((await request(seat, "probe.ctx", {})).body).toEqual({
+        buckets: ["needs", "registry"],
+        needsCanPut: "undefined",
+        registryCanPut: "function",
+        maxPayload: 1024 * 1024,
+        trigger: { kind: "subject", subject: "probe.ctx" },
+      });
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("answers a throw with a 500, a refusal with its code, and keeps serving", async () => {
+    const dir = functionsFolder({
+      "moody.ts": `${header}
+export default defineFunction({
+  description: "Fails on demand.",
+  triggers: [{ subject: "probe.moody" }],
+  input: z.object({ mood: z.enum(["fine", "refuse", "throw", "reject"]) }),
+  handler: async ({ mood }) => {
+    if (mood === "refuse") throw badInput("not in that mood");
+    if (mood === "throw") throw new Error("boom");
+    if (mood === "reject") return Promise.reject(new Error("async boom"));
+    return { mood };
+  },
+});
+`,
+    });
+    const set = await start({ config: configFor(dir) });
+    try {
+      const refused = await request(seat, "probe.moody", { mood: "refuse" });
+      expect([refused.errorCode, refused.body]).toEqual([400, { error: { code: 400, message: "not in that mood" } }]);
+      const thrown = await request(seat, "probe.moody", { mood: "throw" });
+      expect([thrown.errorCode, thrown.body]).toEqual([500, { error: { code: 500, message: "moody failed: boom" } }]);
+      const rejected = await request(seat, "probe.moody", { mood: "reject" });
+      expect(rejected.errorCode).toBe(500);
+      expect((await request(seat, "probe.moody", { mood: "fine" })).body).toEqual({ mood: "fine" });
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("runs cron functions on schedule, never two runs of one at once", async () => {
+    const dir = functionsFolder({
+      "ticker.ts": `${header}
+const runs: { start: number; end: number }[] = ((globalThis as any).__tickerRuns = []);
+export default defineFunction({
+  description: "Ticks every second, taking 1.5 s.",
+  triggers: [{ cron: "* * * * * *" }],
+  handler: async () => {
+    const start = Date.now();
+    await new Promise((r) => setTimeout(r, 1500));
+    runs.push({ start, end: Date.now() });
+  },
+});
+`,
+    });
+    const set = await start({ config: configFor(dir) });
+    await new Promise((r) => setTimeout(r, 5000));
+    await set.stop();
+    const runs = (globalThis as any).__tickerRuns as { start: number; end: number }[];
+    expect(runs.length).toBeGreaterThanOrEqual(2);
+    for (let i = 1; i < runs.length; i++) expect(runs[i]!.start).toBeGreaterThanOrEqual(runs[i - 1]!.end);
+  });
+
+  it("invokes one function on its own with the context the runtime builds", async () => {
+    const config = { ...(await projectConfig()), ...bus.config };
+    const host = await openHost({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
+    const compile = await loadFunction(join(ROOT, "functions", "registry-compile.ts"));
+    const first = (await invoke(host, compile)) as { written: string[] };
+    expect(first.written.length + ((first as any).unchanged as number)).toBe(13);
+    const provisioning = await loadFunction(join(ROOT, "functions", "provisioning.ts"));
+    const answer = await invoke(host, provisioning, { what: "registry", kind: "port" });
+    expect(answer).toMatchObject({ what: "registry", entries: [{ key: "port", value: { module: "mesh-controller" } }], outOfShape: [] });
+    const refused = await invoke(host, provisioning, { what: "registry", node: "alder" }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(ServiceError);
+    expect((refused as ServiceError).code).toBe(400);
+  });
+});
+
+describe("the config", () => {
+  const FILE = join(ROOT, "wrangler-free.config.ts");
+  const base = { seat: "s", buckets: { b: { bucket: "b", writtenBy: "seat" } } };
+  const refusal = (raw: unknown, env: NodeJS.ProcessEnv = {}) => {
+    try {
+      resolveConfig(raw, FILE, env);
+      return "accepted";
+    } catch (err) {
+      expect(err).toBeInstanceOf(ConfigError);
+      return (err as Error).message;
+    }
+  };
+
+  it("refuses a bad field, naming it", () => {
+    expect(refusal({ ...base, http: { port: "80" } })).toBe(
+      "wrangler-free.config.ts: http.port: Invalid input: expected number, received string",
+    );
+    expect(refusal({ ...base, buckets: { b: { bucket: "b", writtenBy: "everyone" } } })).toContain(
+      "wrangler-free.config.ts: buckets.b.writtenBy: Invalid option",
+    );
+    expect(refusal({ buckets: {} })).toBe("wrangler-free.config.ts: seat: Invalid input: expected string, received undefined");
+    expect(refusal(base, { HTTP_PORT: "eighty" })).toContain("environment: HTTP_PORT: ");
+  });
+
+  it("takes NATS_URL, credentials and HTTP from the environment over the file", () => {
+    const config = resolveConfig(base, FILE, {
+      NATS_URL: "nats://a:4222, nats://b:4222",
+      NATS_USER: "u",
+      NATS_PASSWORD: "p",
+      HTTP_PORT: "9000",
+    });
+    expect(config.nats).toEqual({ servers: ["nats://a:4222", "nats://b:4222"], user: "u", password: "p" });
+    expect(config.http).toEqual({ host: "127.0.0.1", port: 9000 });
+  });
+
+  it("refuses a top-level field no function reads", async () => {
+    const dir = functionsFolder({ "echo.ts": ECHO });
+    const failure = await start({ config: { ...configFor(dir), registy: [] } as Config }).catch((e: unknown) => e);
+    expect((failure as LoadError).problems).toEqual([
+      "wrangler-free.config.ts: registy: unknown field (neither the runtime nor any function reads it)",
+    ]);
+  });
+});

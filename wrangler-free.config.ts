@@ -1,0 +1,75 @@
+import { defineConfig } from "./runtime/index.ts";
+
+/**
+ * What differs per deployment. NATS_URL, NATS_CREDS, NATS_NKEY, NATS_USER, NATS_PASSWORD,
+ * NATS_TOKEN, HTTP_HOST and HTTP_PORT override the fields below (SPEC §6).
+ */
+export default defineConfig({
+  seat: "mesh-provisioner",
+  functions: "functions",
+  state: ".state",
+
+  // No servers: start the embedded nats-server, with its store under `state`.
+  nats: { servers: [] },
+  http: { host: "127.0.0.1", port: 8787 },
+
+  // SPEC §2. Functions name buckets by these keys in their `access`.
+  buckets: {
+    registry: { bucket: "mesh-provisioner_registry", writtenBy: "seat" },
+    needs: { bucket: "mesh-provisioner_needs", writtenBy: "nodes" },
+    applied: { bucket: "mesh-provisioner_applied", writtenBy: "nodes" },
+    collect: { bucket: "mesh-provisioner_collect", writtenBy: "nodes" },
+    failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
+  },
+
+  // The embedded server's node users (the demo mesh's nodes): each writes only `<node>.>`.
+  embedded: { nodes: ["alder", "birch", "cedar", "dogwood"] },
+
+  // SPEC §3: which domain answers which kind, and where a client finds the values.
+  // Names in <…> are filled in by the client.
+  registry: [
+    { kinds: ["config"], module: "mesh-config", bucket: "mesh-config_values", key: "<node>.<module>.<name>" },
+    { kinds: ["secret"], module: "mesh-vault", verb: "mesh-vault.secret" },
+    {
+      kinds: ["bound"],
+      module: "<provider-module>",
+      bucket: "<provider-module>_bound",
+      key: "<node>.<module>.<provision>[.<local>]",
+    },
+    { kinds: ["consumers"], module: "mesh-vault", verb: "mesh-vault.consumers" },
+    {
+      kinds: ["collected"],
+      module: "mesh-provisioner",
+      bucket: "mesh-provisioner_collect",
+      key: "<node>.<collection>.<contributor>",
+      collection: "<name>",
+    },
+    {
+      kinds: ["shell"],
+      module: "mesh-provisioner",
+      bucket: "mesh-provisioner_collect",
+      key: "<node>.<collection>.<contributor>",
+      collection: "shell:<name>",
+    },
+    {
+      kinds: ["environment"],
+      module: "mesh-provisioner",
+      bucket: "mesh-provisioner_collect",
+      key: "<node>.<collection>.<contributor>",
+      collection: "environment:<name>",
+    },
+    {
+      kinds: ["contribution"],
+      module: "mesh-provisioner",
+      bucket: "mesh-provisioner_collect",
+      key: "<node>.<collection>.<contributor>",
+      collection: "contribution:<name>",
+    },
+    {
+      kinds: ["dir", "access", "port", "seat", "machine"],
+      module: "mesh-controller",
+      bucket: "mesh-controller_assignments",
+      key: "<node>.<module>",
+    },
+  ],
+});
