@@ -27,6 +27,7 @@ program
   .description("run the function set: on NATS_URL, or on the embedded nats-server")
   .action(async () => {
     // Handlers first: a signal during start, or right after the banner, still stops in order.
+    // SIGHUP too: a closed terminal must not leave the embedded server behind.
     let running: Running | undefined;
     let stopping = false;
     const shutdown = (r: Running) =>
@@ -43,8 +44,7 @@ program
       console.log(`${signal}: stopping`);
       if (running !== undefined) void shutdown(running);
     };
-    process.on("SIGINT", onSignal);
-    process.on("SIGTERM", onSignal);
+    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
     running = await start({ config: await config() });
     if (stopping) return void shutdown(running);
     console.log(describe(running).join("\n"));

@@ -2,6 +2,7 @@ import { Cron } from "croner";
 import { Hono, type Context as HonoContext } from "hono";
 import type { Service, ServiceMsg } from "nats";
 import type { Trigger } from "./define.ts";
+import { errorBody, refusalMessage } from "./errors.ts";
 import type { Host, Outcome } from "./host.ts";
 import type { LoadedFunction } from "./loader.ts";
 
@@ -21,11 +22,6 @@ function triggersOf<K extends "subject" | "cron" | "http">(functions: readonly L
   );
 }
 
-/** The JSON body of a refusal (SPEC §4). */
-export function errorBody(code: number, message: string): string {
-  return JSON.stringify({ error: { code, message } });
-}
-
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 const encoder = new TextEncoder();
 
@@ -40,7 +36,7 @@ function parsePayload(data: Uint8Array): Outcome {
 }
 
 function refuse(msg: ServiceMsg, code: number, message: string): void {
-  msg.respondError(code, message.replace(/[\r\n]+/g, " "), encoder.encode(errorBody(code, message)));
+  msg.respondError(code, refusalMessage(message), encoder.encode(errorBody(code, message)));
 }
 
 /**

@@ -49,6 +49,20 @@ export class RevisionConflict extends Error {
 
 const WRONG_LAST_SEQUENCE = 10071;
 
+/**
+ * The longest key or key filter a handle sends, in bytes: it travels in a NATS subject, and a
+ * protocol line over 4 KiB makes the server close the connection every function shares.
+ */
+export const MAX_KEY_BYTES = 2048;
+
+function checkedKey(bucket: string, key: string): string {
+  const bytes = Buffer.byteLength(key);
+  if (bytes > MAX_KEY_BYTES) {
+    throw new Error(`${bucket}: a key or filter of ${bytes} bytes is longer than ${MAX_KEY_BYTES}`);
+  }
+  return key;
+}
+
 function live(entry: KvEntry | null): Entry | null {
   if (entry === null || entry.operation !== "PUT") return null;
   return { key: entry.key, value: entry.value, revision: entry.revision, created: entry.created };
@@ -84,10 +98,10 @@ export function readBucket(kv: KV, bucket: string): ReadBucket {
   return Object.freeze({
     bucket,
     async get(key: string) {
-      return live(await kv.get(key));
+      return live(await kv.get(checkedKey(bucket, key)));
     },
     async list(filters: string | readonly string[]) {
-      const all = typeof filters === "string" ? [filters] : [...new Set(filters)];
+      const all = (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
       const parts = await Promise.all(all.map((filter) => watchOnce(kv, filter)));
       const unique = new Map<string, Entry>();
       for (const entry of parts.flat()) unique.set(entry.key, entry);
@@ -99,6 +113,7 @@ export function readBucket(kv: KV, bucket: string): ReadBucket {
 /** A write handle: the reads of {@link readBucket} plus compare-and-set writes. */
 export function writeBucket(kv: KV, bucket: string): WriteBucket {
   const conflictOr = async <T>(key: string, write: () => Promise<T>): Promise<T> => {
+    checkedKey(bucket, key);
     try {
       return await write();
     } catch (err) {
@@ -112,7 +127,7 @@ export function writeBucket(kv: KV, bucket: string): WriteBucket {
     create: (key: string, value: Uint8Array | string) => conflictOr(key, () => kv.create(key, value)),
     update: (key: string, value: Uint8Array | string, revision: number) =>
       conflictOr(key, () => kv.update(key, value, revision)),
-    put: (key: string, value: Uint8Array | string) => kv.put(key, value),
+    put: (key: string, value: Uint8Array | string) => kv.put(checkedKey(bucket, key), value),
     delete: (key: string, options: { revision?: number } = {}) =>
       conflictOr(key, () => kv.delete(key, { previousSeq: options.revision })),
   });

@@ -36,7 +36,8 @@ interface Marker {
   readonly owner: number;
 }
 
-const alive = (pid: number) => {
+/** Whether a process of that pid exists (and may be signalled by this one). */
+export const alive = (pid: number): boolean => {
   try {
     process.kill(pid, 0);
     return true;

@@ -19,6 +19,20 @@ export function badInput(message: string): ServiceError {
   return new ServiceError(400, message);
 }
 
+/** The longest refusal message sent, in characters: a refusal must fit in any reply. */
+export const MAX_MESSAGE = 1024;
+
+/** A refusal message as sent: one line, at most {@link MAX_MESSAGE} characters. */
+export function refusalMessage(message: string): string {
+  const line = message.replace(/[\r\n]+/g, " ");
+  return line.length <= MAX_MESSAGE ? line : `${line.slice(0, MAX_MESSAGE - 1)}…`;
+}
+
+/** The JSON body of a refusal (SPEC §4), its message cut by {@link refusalMessage}. */
+export function errorBody(code: number, message: string): string {
+  return JSON.stringify({ error: { code, message: refusalMessage(message) } });
+}
+
 /**
  * Says a zod error in one line a caller can act on: each problem as `<field path>: <message>`,
  * joined by `; `. An unknown key is said as `<key>: unknown field`; a problem with the whole

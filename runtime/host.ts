@@ -1,9 +1,9 @@
-import type { KV, NatsConnection } from "nats";
+import { DiscardPolicy, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { Config } from "./config.ts";
 import type { Clock, Context, TriggerInfo } from "./define.ts";
-import { formatIssues, ServiceError } from "./errors.ts";
+import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import type { LoadedFunction } from "./loader.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
@@ -36,16 +36,38 @@ export interface HostOptions {
 }
 
 /**
- * Asserts every bucket of `config.buckets` on the connection: creates a missing one with its
- * `history`, leaves an existing one as it is (never emptied). Returns the opened buckets by
- * their config name. Throws naming the bucket when the server refuses.
+ * Asserts every bucket of `config.buckets` on the connection (SPEC §2): a missing one is
+ * created as a JetStream key-value bucket keeping `history` values per key, refusing rollup
+ * headers (so no writer can erase keys it was not granted); an existing one is left as it is,
+ * never emptied, with a warning when a node-written bucket still takes rollups. Returns the
+ * opened buckets by config name; throws naming the bucket when the server refuses.
  */
-export async function assertBuckets(nc: NatsConnection, config: Config): Promise<Map<string, KV>> {
+export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
+  const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
   const opened = new Map<string, KV>();
-  for (const [name, { bucket, history }] of Object.entries(config.buckets)) {
+  for (const [name, { bucket, history, writtenBy }] of Object.entries(config.buckets)) {
+    const stream = `KV_${bucket}`;
     try {
-      opened.set(name, await js.views.kv(bucket, { history }));
+      const info = await jsm.streams.info(stream).catch((err: Error) => {
+        if (err.message !== "stream not found") throw err;
+        return jsm.streams.add({
+          name: stream,
+          subjects: [`$KV.${bucket}.>`],
+          retention: RetentionPolicy.Limits,
+          storage: StorageType.File,
+          discard: DiscardPolicy.New,
+          max_msgs_per_subject: history,
+          allow_direct: true,
+          deny_delete: true,
+          allow_rollup_hdrs: false,
+          num_replicas: 1,
+        });
+      });
+      if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
+        log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
+      }
+      opened.set(name, await js.views.kv(bucket, { bindOnly: true, allow_direct: info.config.allow_direct }));
     } catch (err) {
       throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
     }
@@ -55,7 +77,7 @@ export async function assertBuckets(nc: NatsConnection, config: Config): Promise
 
 /** Opens the host: asserts the buckets, then hands out contexts and runs functions. */
 export async function openHost({ nc, config, log, clock = { now: () => new Date() } }: HostOptions): Promise<Host> {
-  const kvs = await assertBuckets(nc, config);
+  const kvs = await assertBuckets(nc, config, log);
   const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
   type Shared = Omit<Context<string, string, unknown>, "trigger" | "buckets"> & { buckets: AnyContext["buckets"] };
   const perFunction = new Map<LoadedFunction, Shared>();
@@ -85,7 +107,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     const ctx = context(fn, trigger);
     const input = fn.input.safeParse(raw);
     if (!input.success) {
-      const message = formatIssues(input.error.issues);
+      const message = refusalMessage(formatIssues(input.error.issues));
       ctx.log.info({ trigger, refused: message }, "refused bad input");
       return { ok: false, error: { code: 400, message } };
     }
@@ -94,11 +116,12 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
       return { ok: true, value: await handler(input.data, ctx) };
     } catch (err) {
       if (err instanceof ServiceError) {
-        ctx.log.info({ trigger, code: err.code, refused: err.message }, "refused");
-        return { ok: false, error: { code: err.code, message: err.message } };
+        const message = refusalMessage(err.message);
+        ctx.log.info({ trigger, code: err.code, refused: message }, "refused");
+        return { ok: false, error: { code: err.code, message } };
       }
       ctx.log.error({ trigger, err }, "handler failed");
-      return { ok: false, error: { code: 500, message: `${fn.name} failed: ${(err as Error).message}` } };
+      return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
     }
   };
 

@@ -2,7 +2,9 @@ import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { headers } from "nats";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { ROOT, startSet, testBus } from "./helpers.ts";
@@ -49,9 +51,10 @@ interface Started {
   readonly exited: Promise<number | string | null>;
 }
 
-/** `mesh-provisioner start`, resolved once it printed its functions. */
-function startCli(config: string, env: NodeJS.ProcessEnv = {}): Promise<Started> {
-  const child = spawn("node", [BIN, "-c", config, "start"], { env: cleanEnv(env), cwd: ROOT });
+/** `mesh-provisioner start` (or `npm start`), resolved once it printed its functions. */
+function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): Promise<Started> {
+  const [command, args] = viaNpm ? ["npm", ["start", "--", "-c", config]] : ["node", [BIN, "-c", config, "start"]];
+  const child = spawn(command, args, { env: cleanEnv(env), cwd: ROOT });
   const exited = new Promise<number | string | null>((resolve) =>
     child.once("exit", (code, signal) => resolve(code ?? signal)),
   );
@@ -66,15 +69,6 @@ function startCli(config: string, env: NodeJS.ProcessEnv = {}): Promise<Started>
     void exited.then((code) => reject(new Error(`start exited (${code}): ${err}${out}`)));
   });
 }
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 const children: ChildProcess[] = [];
 const dirs: string[] = [];
@@ -151,6 +145,18 @@ describe("the embedded default, end to end", () => {
     expect(await again.exited).toBe(0);
   });
 
+  it("stops with its nats-server when `npm start` is sent SIGTERM", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const started = await startCli(config, {}, true);
+    children.push(started.child);
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number; owner: number };
+    started.child.kill("SIGTERM");
+    expect(await started.exited).toBe(0);
+    expect(alive(marker.owner)).toBe(false);
+    expect(alive(marker.pid)).toBe(false);
+  });
+
   it("refuses a second start on the same state folder, and cleans up after a killed one", async () => {
     const { dir, config } = project();
     dirs.push(dir);
@@ -166,7 +172,7 @@ describe("the embedded default, end to end", () => {
     const third = await startCli(config);
     children.push(third.child);
     expect(alive(orphan)).toBe(false);
-    third.child.kill("SIGTERM");
+    third.child.kill("SIGHUP");
     expect(await third.exited).toBe(0);
   });
 
@@ -211,5 +217,15 @@ describe("the embedded server's users (SPEC §2)", () => {
     }
     await expect((await bus.kv("registry", "alder")).put("config", "{}")).rejects.toThrow(/Permissions Violation/);
     await expect((await bus.kv("registry")).put("probe", "{}")).resolves.toBeGreaterThan(0);
+  });
+
+  it("refuses a rollup header, so a node cannot erase the keys of other nodes", async () => {
+    const birch = await bus.kv("applied", "birch");
+    await birch.put("birch.caddy", '{"at":"2026-11-29T09:00:00Z"}');
+    const rollup = headers();
+    rollup.set("Nats-Rollup", "all");
+    const alder = (await bus.connect("alder")).jetstream();
+    await expect(alder.publish("$KV.mesh-provisioner_applied.alder.evil", "{}", { headers: rollup })).rejects.toThrow(/rollup/i);
+    expect((await (await bus.kv("applied")).get("birch.caddy"))?.string()).toBe('{"at":"2026-11-29T09:00:00Z"}');
   });
 });

@@ -81,12 +81,12 @@ describe("decodeKey (SPEC §2 key shapes)", () => {
 describe("filtersFor", () => {
   it("narrows with the given tokens and reaches keys of every length", () => {
     expect(filtersFor("needs", {})).toEqual([">"]);
-    expect(filtersFor("needs", { node: "n1" })).toEqual(["n1.>"]);
-    expect(filtersFor("needs", { node: "n1", module: "gitea" })).toEqual(["n1.gitea.>"]);
-    expect(filtersFor("needs", { kind: "secret" })).toEqual(["*.*.secret.>"]);
-    expect(filtersFor("needs", { node: "n1", kind: "secret" })).toEqual(["n1.*.secret.>"]);
+    expect(filtersFor("needs", { node: "n1" })).toEqual(["n1", "n1.>"]);
+    expect(filtersFor("needs", { node: "n1", module: "gitea" })).toEqual(["n1.gitea", "n1.gitea.>"]);
+    expect(filtersFor("needs", { kind: "secret" })).toEqual(["*.*.secret", "*.*.secret.>"]);
+    expect(filtersFor("needs", { node: "n1", kind: "secret" })).toEqual(["n1.*.secret", "n1.*.secret.>"]);
     expect(filtersFor("applied", { node: "n1", module: "gitea" })).toEqual(["n1.gitea", "n1.gitea.>"]);
-    expect(filtersFor("collect", { collection: "shell:zsh:normal" })).toEqual(["*.shell=3Azsh=3Anormal.>"]);
+    expect(filtersFor("collect", { collection: "shell:zsh:normal" })).toEqual(["*.shell=3Azsh=3Anormal", "*.shell=3Azsh=3Anormal.>"]);
     expect(filtersFor("collect", { contributor: "docker" })).toEqual(["*.*.docker", "*.*.docker.>"]);
     expect(filtersFor("registry", { kind: "config" })).toEqual(["config", "config.>"]);
   });
@@ -94,9 +94,10 @@ describe("filtersFor", () => {
   it("never holds a wildcard or an extra token a collection name brought", () => {
     fc.assert(
       fc.property(fc.string({ minLength: 1 }).filter((s) => s.isWellFormed()), (collection) => {
-        const [filter] = filtersFor("collect", { node: "n1", collection });
-        expect(filter).toBe(`n1.${encodeCollection(collection)}.>`);
-        expect(filter!.split(".")).toHaveLength(3);
+        const [exact, longer] = filtersFor("collect", { node: "n1", collection });
+        expect(exact).toBe(`n1.${encodeCollection(collection)}`);
+        expect(exact!.split(".")).toHaveLength(2);
+        expect(longer).toBe(`${exact}.>`);
       }),
     );
   });

@@ -40,7 +40,7 @@ describe("the request (SPEC §4)", () => {
   });
 
   it("reads with a filter that never widens past the narrowing", () => {
-    expect(requestFilters(parse({ what: "needs", node: "n1", kind: "secret" }))).toEqual(["n1.*.secret.>"]);
+    expect(requestFilters(parse({ what: "needs", node: "n1", kind: "secret" }))).toEqual(["n1.*.secret", "n1.*.secret.>"]);
     expect(requestFilters(parse({ what: "collect", collection: "a.b>*", contributor: "x" }))).toEqual([
       "*.a=2Eb=3E=2A.x",
       "*.a=2Eb=3E=2A.x.>",

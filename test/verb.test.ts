@@ -17,6 +17,7 @@ const WRITES: Record<string, Record<string, Record<string, string>>> = {
       "alder.gitea": '{"stray":true}',
       "alder.gitea.config.db.url": '{"stray":true}',
       "alder.gitea.config.not_json": "not json{",
+      "alder.postgres.config": '{"stray":true}',
     },
     applied: { "alder.gitea": '{"at":"2026-11-29T08:00:00Z"}', "alder.postgres": '{"at":"2026-11-29T08:01:00Z"}' },
     collect: {
@@ -101,6 +102,7 @@ describe("views and narrowings", () => {
       "alder.gitea": "needs keys have 4 tokens, this has 2",
       "alder.gitea.config.db.url": "needs keys have 4 tokens, this has 5",
       "alder.gitea.config.not_json": expect.stringMatching(/^value is not JSON: /),
+      "alder.postgres.config": "needs keys have 4 tokens, this has 3",
     });
     expect(body.entries[1]).toEqual({
       key: "alder.gitea.config.db_url",
@@ -120,12 +122,22 @@ describe("views and narrowings", () => {
       [
         { node: "alder", module: "gitea" },
         ["alder.gitea.bound.postgres/address", "alder.gitea.config.db_url", "alder.gitea.secret.admin_password"],
-        ["alder.gitea.config.db.url", "alder.gitea.config.not_json"],
+        ["alder.gitea", "alder.gitea.config.db.url", "alder.gitea.config.not_json"],
       ],
-      [{ kind: "config" }, ["alder.gitea.config.db_url", "birch.gitea.config.db_url"], ["alder.gitea.config.db.url", "alder.gitea.config.not_json"]],
+      [
+        { kind: "config" },
+        ["alder.gitea.config.db_url", "birch.gitea.config.db_url"],
+        ["alder.gitea.config.db.url", "alder.gitea.config.not_json", "alder.postgres.config"],
+      ],
       [{ node: "alder", kind: "port" }, ["alder.postgres.port.postgres"], []],
-      [{ module: "gitea" }, ["alder.gitea.bound.postgres/address", "alder.gitea.config.db_url", "alder.gitea.secret.admin_password", "birch.gitea.config.db_url"], ["alder.gitea.config.db.url", "alder.gitea.config.not_json"]],
+      [
+        { module: "gitea" },
+        ["alder.gitea.bound.postgres/address", "alder.gitea.config.db_url", "alder.gitea.secret.admin_password", "birch.gitea.config.db_url"],
+        ["alder.gitea", "alder.gitea.config.db.url", "alder.gitea.config.not_json"],
+      ],
       [{ node: "birch", module: "gitea", kind: "config" }, ["birch.gitea.config.db_url"], []],
+      // a key with a token too few is reached by the narrowing that names all it has
+      [{ node: "alder", module: "postgres", kind: "config" }, [], ["alder.postgres.config"]],
       [{ node: "cedar" }, [], []],
     ];
     for (const [narrowing, entries, outOfShape] of cases) {
@@ -203,6 +215,12 @@ describe("refusals", () => {
     ["an empty collection", { what: "collect", collection: "" }, "collection: must be a non-empty collection name"],
     ["a limit of 0", { what: "needs", limit: 0 }, "limit:"],
     ["a cursor not issued here", { what: "needs", cursor: "bm90IGEgY3Vyc29y" }, "cursor: not a cursor of this verb"],
+    ["a node of 257 characters", { what: "needs", node: "a".repeat(257) }, "node: must be at most 256 characters"],
+    [
+      "a collection whose key token would be too long",
+      { what: "collect", collection: "é".repeat(200) },
+      "collection: is too long: its key token may be at most 1024 characters",
+    ],
   ];
   for (const [what, payload, message] of refusals) {
     it(`refuses ${what} with a 400 naming the field, and answers the next request`, async () => {
@@ -215,6 +233,21 @@ describe("refusals", () => {
       expect(keysOf(next.body)).toEqual(["alder.gitea"]);
     });
   }
+
+  it("answers the longest narrowing it takes", async () => {
+    const longest = await ask({ what: "collect", node: "a".repeat(256), collection: "é".repeat(170), contributor: "c".repeat(256) });
+    expect(longest.errorCode).toBeUndefined();
+    expect(longest.body.entries).toEqual([]);
+  });
+
+  it("cuts a refusal's message so the refusal always fits in a reply", async () => {
+    const refused = await ask({ ["x".repeat(700_000)]: 1 });
+    expect(refused.errorCode).toBe(400);
+    expect(refused.errorText).toHaveLength(1024);
+    expect(refused.errorText).toMatch(/^x+…$/);
+    expect(refused.body).toEqual({ error: { code: 400, message: refused.errorText } });
+    expect((await ask({ what: "applied", node: "alder", module: "gitea" })).errorCode).toBeUndefined();
+  });
 
   it("refuses a cursor issued for another narrowing", async () => {
     const first = await ask({ what: "needs", node: "alder", limit: 1 });
@@ -238,7 +271,7 @@ describe("paging, HTTP and freshness", () => {
       ["alder.gitea", "alder.gitea.bound.postgres/address"],
       ["alder.gitea.config.db.url", "alder.gitea.config.db_url"],
       ["alder.gitea.config.not_json", "alder.gitea.secret.admin_password"],
-      ["alder.postgres.port.postgres"],
+      ["alder.postgres.config", "alder.postgres.port.postgres"],
     ]);
   });
 

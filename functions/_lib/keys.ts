@@ -3,16 +3,29 @@ import { z } from "zod";
 /** A key token (SPEC §2): one or more of `A-Z a-z 0-9 - _ / =`. */
 export const TOKEN = /^[A-Za-z0-9\-_/=]+$/;
 
+/**
+ * The longest token a narrowing may hold, in characters: filters are carried in NATS subjects,
+ * whose protocol line is 4 KiB at most, so no narrowing may make one longer.
+ */
+export const MAX_TOKEN = 256;
+/** The longest key token a collection name may encode to, in characters. */
+export const MAX_COLLECTION_TOKEN = 1024;
+
 /** A narrowing value: one token, so it can never widen a key filter (SPEC §4). */
 export const token = z
   .string()
-  .regex(TOKEN, "must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing");
+  .regex(TOKEN, "must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing")
+  .max(MAX_TOKEN, `must be at most ${MAX_TOKEN} characters`);
 
 /** A collection name (SPEC §2): any non-empty, well-formed string; it is encoded into its token. */
 export const collectionName = z
   .string()
   .min(1, "must be a non-empty collection name")
-  .refine((s) => s.isWellFormed(), "must be well-formed Unicode (no lone surrogate)");
+  .refine((s) => s.isWellFormed(), "must be well-formed Unicode (no lone surrogate)")
+  .refine(
+    (s) => encodeCollection(s).length <= MAX_COLLECTION_TOKEN,
+    `is too long: its key token may be at most ${MAX_COLLECTION_TOKEN} characters`,
+  );
 
 const PLAIN = /^[A-Za-z0-9\-_/]$/;
 const HEX = "0123456789ABCDEF";
@@ -109,9 +122,10 @@ export function decodeKey<V extends View>(
 
 /**
  * The key filters that reach every key of `view` matching `narrowing`: the given tokens in
- * place (a collection encoded), `*` for the others, and `>` after the last given one, so keys
- * with too many tokens are reached too and said out of shape. Only ever built from
- * {@link token}-checked values and encoded collections: no value can widen it.
+ * place (a collection encoded) and `*` for the others up to the last given one, then that
+ * prefix alone and followed by `>`, so keys with too few or too many tokens are reached too and
+ * said out of shape. Only ever built from {@link token}-checked values and encoded collections:
+ * no value can widen it.
  */
 export function filtersFor<V extends View>(view: V, narrowing: Partial<Fields<V>>): string[] {
   const shape: readonly string[] = SHAPES[view];
@@ -124,5 +138,5 @@ export function filtersFor<V extends View>(view: V, narrowing: Partial<Fields<V>
   const last = tokens.findLastIndex((t) => t !== "*");
   if (last === -1) return [">"];
   const prefix = tokens.slice(0, last + 1).join(".");
-  return last === shape.length - 1 ? [prefix, `${prefix}.>`] : [`${prefix}.>`];
+  return [prefix, `${prefix}.>`];
 }
