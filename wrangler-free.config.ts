@@ -22,8 +22,24 @@ export default defineConfig({
     failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
   },
 
-  // The embedded server's node users (the demo mesh's nodes): each writes only `<node>.>`.
-  embedded: { nodes: ["alder", "birch", "cedar", "dogwood"] },
+  // SPEC §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
+  streams: {
+    events: { stream: "mesh-provisioner_events", maxAgeSeconds: 7 * 24 * 60 * 60 },
+  },
+
+  // The embedded server's users. Nodes (the demo mesh's) each write only `<node>.>`; providers
+  // each publish only their own failing/recovered and read the needs.
+  embedded: {
+    nodes: ["alder", "birch", "cedar", "dogwood"],
+    providers: {
+      users: ["keycloak", "postgres", "mesh-vault"],
+      publish: ["{user}.provisioner.failing", "{user}.provisioner.recovered"],
+      reads: ["needs"],
+    },
+  },
+
+  // SPEC §5, optional: raise failing providers to Prometheus Alertmanager.
+  // alerts: { alertmanager: "http://127.0.0.1:9093" },
 
   // SPEC §3: which domain answers which kind, and where a client finds the values.
   // Names in <…> are filled in by the client.

@@ -16,24 +16,30 @@ export class Refused extends Error {
 const decoder = new TextDecoder();
 
 /**
- * Asks `mesh-provisioner.provisioning` once. Returns the page; throws {@link Refused} with the
- * service error of a refusal, or the request's error (no responders, timeout) with a hint.
+ * Sends one request to a verb of the function set and parses its JSON answer. Throws
+ * {@link Refused} with the service error of a refusal, or the request's error (no responders,
+ * timeout) with a hint.
  */
-export async function askOnce(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
+export async function askVerb<T>(nc: NatsConnection, subject: string, request: Record<string, unknown>): Promise<T> {
   let reply;
   try {
-    reply = await nc.request(VERB, JSON.stringify(request), { timeout: 10_000 });
+    reply = await nc.request(subject, JSON.stringify(request), { timeout: 10_000 });
   } catch (err) {
     const message = (err as Error).message;
     throw new Error(
       /503|no responders/i.test(message)
-        ? `nothing answers ${VERB}: is the function set running (npm start)?`
-        : `${VERB}: ${message}`,
+        ? `nothing answers ${subject}: is the function set running (npm start)?`
+        : `${subject}: ${message}`,
     );
   }
   const code = reply.headers?.get("Nats-Service-Error-Code");
   if (code) throw new Refused(Number(code), reply.headers!.get("Nats-Service-Error"));
-  return JSON.parse(decoder.decode(reply.data)) as Answer;
+  return JSON.parse(decoder.decode(reply.data)) as T;
+}
+
+/** Asks `mesh-provisioner.provisioning` once (SPEC §4): one page. */
+export function askOnce(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
+  return askVerb<Answer>(nc, VERB, request);
 }
 
 /** Asks every page of a request (following `next`) and returns them as one answer. */

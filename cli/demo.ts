@@ -1,7 +1,10 @@
 import type { KV } from "nats";
 import type { Config } from "../runtime/index.ts";
 import { openSession } from "../runtime/index.ts";
-import { NODES, recordsOf } from "../demo/mesh.ts";
+import { DEMO_FAILING, NODES, recordsOf } from "../demo/mesh.ts";
+import { askStatus } from "./status.ts";
+
+export { DEMO_FAILING };
 
 /**
  * Writes the demo mesh as its node clients would: each node connects with its own node user
@@ -29,4 +32,26 @@ export async function writeDemo(config: Config): Promise<Record<string, number>>
     }
   }
   return written;
+}
+
+/**
+ * Publishes the demo provider's `failing` or `recovered` (SPEC §5) as the provider's own user,
+ * through JetStream, then waits (up to 10 s) until status shows it applied.
+ */
+export async function publishDemoEvent(config: Config, kind: "failing" | "recovered"): Promise<void> {
+  const { provider, machine, consumer, word } = DEMO_FAILING;
+  const session = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
+  try {
+    const event = { machine, consumer, at: new Date().toISOString(), ...(kind === "failing" ? { word } : {}) };
+    await session.nc.jetstream().publish(`${provider}.provisioner.${kind}`, JSON.stringify(event));
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const { failing } = await askStatus(session.nc, { provider, machine, consumer });
+      if (failing.length === (kind === "failing" ? 1 : 0)) return;
+      if (Date.now() > deadline) throw new Error(`the ${kind} of ${provider} was published but status does not show it after 10 s`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await session.close();
+  }
 }

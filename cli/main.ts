@@ -13,7 +13,8 @@ import {
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
 import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
-import { writeDemo } from "./demo.ts";
+import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
+import { askStatus, formatStatus } from "./status.ts";
 
 const program = new Command("mesh-provisioner")
   .description("The provisioner's server of the mesh: the registry and the verb mesh-provisioner.provisioning.")
@@ -81,6 +82,25 @@ program
   });
 
 program
+  .command("status")
+  .description("say whether the mesh is well, naming what fails and for how long; exits 1 when not well")
+  .option("--provider <provider>", "narrow to one provider")
+  .option("--machine <machine>", "narrow to one machine")
+  .option("--consumer <consumer>", "narrow to one consumer")
+  .option("--json", "print the answer as JSON")
+  .action(async (options: Record<string, unknown>) => {
+    const { json, ...narrowing } = options;
+    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner status" });
+    try {
+      const status = await askStatus(session.nc, narrowing);
+      console.log(json ? JSON.stringify(status, null, 2) : formatStatus(status, new Date()));
+      if (!status.well) process.exitCode = 1;
+    } finally {
+      await session.close();
+    }
+  });
+
+program
   .command("invoke")
   .description("run one function once, locally, with the context the runtime builds")
   .argument("<function>", "the function's name (its file name without .ts)")
@@ -109,13 +129,29 @@ program
 
 program
   .command("demo")
-  .description("write the demo mesh as its node clients would, then ask the verb about it")
-  .action(async () => {
+  .description(
+    "write the demo mesh as its node clients would, have its identity provider fail a consumer, then ask about it",
+  )
+  .option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`)
+  .action(async (options: { recover?: boolean }) => {
     const cfg = await config();
-    const written = await writeDemo(cfg);
-    for (const [node, count] of Object.entries(written)) console.log(`${node}: wrote ${count} records as node ${node}`);
     const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
+    const { provider, machine, consumer } = DEMO_FAILING;
+    const showStatus = async () => {
+      console.log("\n$ status");
+      console.log(formatStatus(await askStatus(session.nc, {}), new Date()));
+    };
     try {
+      if (options.recover) {
+        await publishDemoEvent(cfg, "recovered");
+        console.log(`${provider}: published ${provider}.provisioner.recovered for ${consumer} on ${machine}`);
+        await showStatus();
+        return;
+      }
+      const written = await writeDemo(cfg);
+      for (const [node, count] of Object.entries(written)) console.log(`${node}: wrote ${count} records as node ${node}`);
+      await publishDemoEvent(cfg, "failing");
+      console.log(`${provider}: published ${provider}.provisioner.failing for ${consumer} on ${machine}`);
       for (const request of [
         { what: "registry" },
         { what: "needs", node: "birch", module: "gitea" },
@@ -125,6 +161,8 @@ program
         console.log(`\n$ ask ${JSON.stringify(request)}`);
         console.log(formatAnswer(await askAll(session.nc, request)));
       }
+      await showStatus();
+      console.log(`\n(mesh-provisioner demo --recover publishes ${provider}'s recovery)`);
     } finally {
       await session.close();
     }

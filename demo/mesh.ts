@@ -220,3 +220,14 @@ export function recordsOf(node: string): DemoRecord[] {
 
 /** The nodes of the demo mesh. */
 export const NODES = Object.keys(PLACEMENTS);
+
+/**
+ * The demo's failing provider: keycloak (the identity provider, on cedar) fails grafana, its
+ * consumer on dogwood, as it would publish on `keycloak.provisioner.failing` (SPEC §5).
+ */
+export const DEMO_FAILING = {
+  provider: "keycloak",
+  machine: "dogwood",
+  consumer: "grafana",
+  word: "invalid_client: grafana's client secret was rotated on keycloak, not on dogwood",
+} as const;

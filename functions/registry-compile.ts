@@ -8,5 +8,9 @@ export default defineFunction({
   triggers: [{ cron: "0 * * * *", onStart: true }],
   config: z.object({ registry: registryTable }),
   access: { writes: ["registry"] },
-  handler: (_input, ctx) => compileRegistry(ctx.config.registry, ctx.buckets.registry),
+  handler: async (_input, ctx) => {
+    const result = await compileRegistry(ctx.config.registry, ctx.buckets.registry);
+    ctx.log.info({ written: result.written, deleted: result.deleted, unchanged: result.unchanged }, "registry compiled");
+    return result;
+  },
 });

@@ -13,8 +13,8 @@ export interface Binding {
 
 type Of<K extends string> = Extract<Trigger, Record<K, unknown>>;
 
-/** Each function paired with each of its triggers of one kind, in load order. */
-function triggersOf<K extends "subject" | "cron" | "http">(functions: readonly LoadedFunction[], kind: K) {
+/** Each function paired with each of its triggers of one kind (`i`: among that kind), in load order. */
+export function triggersOf<K extends "subject" | "event" | "cron" | "http">(functions: readonly LoadedFunction[], kind: K) {
   return functions.flatMap((fn) =>
     fn.definition.triggers
       .filter((t): t is Of<K> => kind in t)
@@ -26,7 +26,7 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 const encoder = new TextEncoder();
 
 /** Parses a request payload: empty means `{}`; anything not JSON is a 400 outcome. */
-function parsePayload(data: Uint8Array): Outcome {
+export function parsePayload(data: Uint8Array): Outcome {
   if (data.length === 0) return { ok: true, value: {} };
   try {
     return { ok: true, value: JSON.parse(utf8.decode(data)) };
@@ -85,24 +85,29 @@ export async function bindSubjects(
 /**
  * Runs every `{ cron, onStart: true }` function once now (in order, awaited), then schedules
  * every `{ cron }` trigger with croner. A run still going when the next is due skips that one.
+ * A successful run is recorded (`ctx.runtime.lastRun`).
  */
 export async function bindCron(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
   const triggers = triggersOf(functions, "cron");
   for (const { fn, trigger } of triggers) {
-    if (trigger.onStart) report(host, fn, await host.run(fn, {}, { kind: "start" }));
+    if (trigger.onStart) await report(host, fn, "start", await host.run(fn, {}, { kind: "start" }));
   }
   const jobs = triggers.map(
     ({ fn, trigger }) =>
-      new Cron(trigger.cron, { protect: true, name: `${fn.name}:${trigger.cron}` }, async (job: Cron) => {
+      new Cron(trigger.cron, { protect: true }, async (job: Cron) => {
         const scheduledAt = job.currentRun() ?? new Date();
-        report(host, fn, await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt }));
+        await report(host, fn, "cron", await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt }));
       }),
   );
   return { stop: async () => jobs.forEach((job) => job.stop()) };
 }
 
-function report(host: Host, fn: LoadedFunction, outcome: Outcome): void {
-  if (outcome.ok) host.log.info({ function: fn.name, result: outcome.value }, "scheduled run done");
+async function report(host: Host, fn: LoadedFunction, trigger: "cron" | "start", outcome: Outcome): Promise<void> {
+  if (!outcome.ok) return;
+  host.log[trigger === "start" ? "info" : "debug"]({ function: fn.name, trigger, result: outcome.value }, "scheduled run done");
+  await host.records
+    .ran(fn.name, { at: new Date(), trigger })
+    .catch((err: unknown) => host.log.warn({ function: fn.name, err }, "scheduled run not recorded"));
 }
 
 /** Reads an HTTP request's input: the query of a GET or DELETE, the JSON body otherwise. */

@@ -1,4 +1,4 @@
-import type { KV, KvEntry, QueuedIterator } from "nats";
+import { headers, type JetStreamClient, type KV, type KvEntry, type QueuedIterator } from "nats";
 
 /** One live key of a bucket: its value as stored, its revision (stream sequence) and write time. */
 export interface Entry {
@@ -6,6 +6,14 @@ export interface Entry {
   readonly value: Uint8Array;
   readonly revision: number;
   readonly created: Date;
+}
+
+/**
+ * The last record of a key: a live value, or a delete marker (`deleted`), whose value is what
+ * the delete left in it ({@link WriteBucket.delete} with `value`), empty otherwise.
+ */
+export interface KeyRecord extends Entry {
+  readonly deleted: boolean;
 }
 
 /** A bucket a function declared under `access.reads`: it can be read, never written. */
@@ -19,21 +27,30 @@ export interface ReadBucket {
    * The filtering is done by the server; the read reflects every write acknowledged before it.
    */
   list(filters: string | readonly string[]): Promise<Entry[]>;
+  /** The last record of `key`, a delete marker included; `null` when the key was never written. */
+  last(key: string): Promise<KeyRecord | null>;
+  /** Like {@link list}, with the delete markers of deleted keys too. */
+  records(filters: string | readonly string[]): Promise<KeyRecord[]>;
 }
 
 /** A bucket a function declared under `access.writes`. Writes return the new revision. */
 export interface WriteBucket extends ReadBucket {
   /** Writes `key` only if it has no live value. Throws {@link RevisionConflict} otherwise. */
   create(key: string, value: Uint8Array | string): Promise<number>;
-  /** Writes `key` only if its revision is still `revision`. Throws {@link RevisionConflict}. */
+  /**
+   * Writes `key` only if its last record (a delete marker included) is still at `revision`;
+   * 0 means the key was never written. Throws {@link RevisionConflict}.
+   */
   update(key: string, value: Uint8Array | string, revision: number): Promise<number>;
   /** Writes `key` unconditionally. */
   put(key: string, value: Uint8Array | string): Promise<number>;
   /**
-   * Deletes `key`; with `revision`, only if that is still its revision, else throws
-   * {@link RevisionConflict}.
+   * Deletes `key`. With `revision`, only if that is still its last record's revision (0: the
+   * key was never written), else throws {@link RevisionConflict}. With `value`, the delete
+   * marker keeps it, for {@link ReadBucket.last} and {@link ReadBucket.records} to read back;
+   * readers of live keys see the key gone either way.
    */
-  delete(key: string, options?: { revision?: number }): Promise<void>;
+  delete(key: string, options?: { revision?: number; value?: Uint8Array | string }): Promise<number>;
 }
 
 /** A compare-and-set write lost: the key changed since the revision it was based on. */
@@ -63,6 +80,12 @@ function checkedKey(bucket: string, key: string): string {
   return key;
 }
 
+function recordOf(entry: KvEntry | null): KeyRecord | null {
+  if (entry === null) return null;
+  const { key, value, revision, created } = entry;
+  return { key, value, revision, created, deleted: entry.operation !== "PUT" };
+}
+
 function live(entry: KvEntry | null): Entry | null {
   if (entry === null || entry.operation !== "PUT") return null;
   return { key: entry.key, value: entry.value, revision: entry.revision, created: entry.created };
@@ -72,9 +95,9 @@ function byKey(a: Entry, b: Entry): number {
   return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
 }
 
-/** Reads the last value of every key matching `filter` with one ordered consumer. */
-async function watchOnce(kv: KV, filter: string): Promise<Entry[]> {
-  const found: Entry[] = [];
+/** Reads the last record of every key matching `filter` with one ordered consumer. */
+async function watchOnce(kv: KV, filter: string, deleted: boolean): Promise<KeyRecord[]> {
+  const found: KeyRecord[] = [];
   // nats.js calls initializedFn inside watch() when nothing is pending, before `iterator` is set.
   let initialized = false;
   let iterator: QueuedIterator<KvEntry> | undefined;
@@ -87,10 +110,19 @@ async function watchOnce(kv: KV, filter: string): Promise<Entry[]> {
   });
   if (initialized) iterator.stop();
   for await (const entry of iterator) {
-    const kept = live(entry);
-    if (kept !== null) found.push(kept);
+    const kept = recordOf(entry)!;
+    if (deleted || !kept.deleted) found.push(kept);
   }
   return found;
+}
+
+/** The last records of every key matching any of `filters`, in key order. */
+async function read(kv: KV, bucket: string, filters: string | readonly string[], deleted: boolean): Promise<KeyRecord[]> {
+  const all = (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
+  const parts = await Promise.all(all.map((filter) => watchOnce(kv, filter, deleted)));
+  const unique = new Map<string, KeyRecord>();
+  for (const entry of parts.flat()) unique.set(entry.key, entry);
+  return [...unique.values()].sort(byKey);
 }
 
 /** A read handle over an opened key-value bucket. */
@@ -101,17 +133,17 @@ export function readBucket(kv: KV, bucket: string): ReadBucket {
       return live(await kv.get(checkedKey(bucket, key)));
     },
     async list(filters: string | readonly string[]) {
-      const all = (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
-      const parts = await Promise.all(all.map((filter) => watchOnce(kv, filter)));
-      const unique = new Map<string, Entry>();
-      for (const entry of parts.flat()) unique.set(entry.key, entry);
-      return [...unique.values()].sort(byKey);
+      return (await read(kv, bucket, filters, false)).map(({ deleted: _, ...entry }) => entry);
     },
+    async last(key: string) {
+      return recordOf(await kv.get(checkedKey(bucket, key)));
+    },
+    records: (filters: string | readonly string[]) => read(kv, bucket, filters, true),
   });
 }
 
 /** A write handle: the reads of {@link readBucket} plus compare-and-set writes. */
-export function writeBucket(kv: KV, bucket: string): WriteBucket {
+export function writeBucket(kv: KV, js: JetStreamClient, bucket: string): WriteBucket {
   const conflictOr = async <T>(key: string, write: () => Promise<T>): Promise<T> => {
     checkedKey(bucket, key);
     try {
@@ -126,9 +158,16 @@ export function writeBucket(kv: KV, bucket: string): WriteBucket {
     ...readBucket(kv, bucket),
     create: (key: string, value: Uint8Array | string) => conflictOr(key, () => kv.create(key, value)),
     update: (key: string, value: Uint8Array | string, revision: number) =>
-      conflictOr(key, () => kv.update(key, value, revision)),
+      conflictOr(key, () => kv.put(key, value, { previousSeq: revision })),
     put: (key: string, value: Uint8Array | string) => kv.put(checkedKey(bucket, key), value),
-    delete: (key: string, options: { revision?: number } = {}) =>
-      conflictOr(key, () => kv.delete(key, { previousSeq: options.revision })),
+    // A KV delete is a message with `KV-Operation: DEL` (ADR-8); written here so it can carry a value.
+    delete: (key: string, options: { revision?: number; value?: Uint8Array | string } = {}) =>
+      conflictOr(key, async () => {
+        const h = headers();
+        h.set("KV-Operation", "DEL");
+        const expect = options.revision === undefined ? {} : { lastSubjectSequence: options.revision };
+        const ack = await js.publish(`$KV.${bucket}.${key}`, options.value ?? new Uint8Array(), { headers: h, expect });
+        return ack.seq;
+      }),
   });
 }

@@ -19,6 +19,17 @@ const bucketSchema = z.strictObject({
   history: z.number().int().min(1).max(64).default(1),
 });
 
+const DAY = 24 * 60 * 60;
+
+const streamSchema = z.strictObject({
+  /** The JetStream stream's name. */
+  stream: name,
+  /** How long a message is kept, in seconds (a limits-based stream: older ones are dropped). */
+  maxAgeSeconds: z.number().int().min(1).default(7 * DAY),
+  /** The most bytes the stream keeps; the oldest messages go first. */
+  maxBytes: z.number().int().min(1024).default(1024 ** 3),
+});
+
 /**
  * The runtime's part of `wrangler-free.config.ts`. Top-level fields beyond these belong to the
  * functions: each is checked against the `config` schema of the functions that read it.
@@ -49,8 +60,28 @@ export const configSchema = z.looseObject({
     .default({ host: "127.0.0.1", port: 8787 }),
   /** Buckets by the name functions use in `access`; all are asserted at start. */
   buckets: z.record(name, bucketSchema),
-  /** The embedded nats-server's users besides the seat: one per node. */
-  embedded: z.strictObject({ nodes: z.array(nodeName).default([]) }).default({ nodes: [] }),
+  /**
+   * Streams by the name `{ event, stream }` triggers use; each captures the event subjects of
+   * its triggers and is asserted at start.
+   */
+  streams: z.record(name, streamSchema).default({}),
+  /** The embedded nats-server's users besides the seat. */
+  embedded: z
+    .strictObject({
+      /** One user per node: writes its own `<node>.>` keys of node-written buckets. */
+      nodes: z.array(nodeName).default([]),
+      /** One user per provider: publishes `publish` (`{user}` is its name), reads `reads`. */
+      providers: z
+        .strictObject({
+          users: z.array(nodeName).default([]),
+          publish: z
+            .array(z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, "must be a subject, `{user}` allowed"))
+            .default([]),
+          reads: z.array(name).default([]),
+        })
+        .default({ users: [], publish: [], reads: [] }),
+    })
+    .default({ nodes: [], providers: { users: [], publish: [], reads: [] } }),
 });
 
 /** What `wrangler-free.config.ts` may hold (fields with defaults may be left out). */
@@ -58,6 +89,7 @@ export type ConfigInput = z.input<typeof configSchema>;
 /** A validated config, with env overrides applied and `root` the config file's folder. */
 export type Config = z.output<typeof configSchema> & { readonly root: string; readonly file: string };
 export type BucketConfig = z.output<typeof bucketSchema>;
+export type StreamConfig = z.output<typeof streamSchema>;
 
 /** Types a config file's default export. Returns `config` unchanged; checks happen at load. */
 export function defineConfig<const C extends ConfigInput>(config: C): C {

@@ -9,17 +9,31 @@ export type HttpMethod = (typeof HTTP_METHODS)[number];
 /**
  * What makes a function run (SPEC §6):
  * - `{ subject }`: request/reply on a NATS subject, in the seat's queue group;
+ * - `{ event, stream? }`: messages on a subject (wildcards allowed). With `stream` (a name in
+ *   the config's `streams`), through a durable consumer of that stream: nothing published
+ *   while the set is down is lost, a message is acknowledged once its handler returned, a
+ *   handler's fault is redelivered with backoff, a refused message is acknowledged and counted.
+ *   Without, a plain subscription in the seat's queue group;
  * - `{ cron, onStart? }`: a cron schedule (5 or 6 fields), and once at start when `onStart`;
  * - `{ http: "METHOD /path" }`: a route of the HTTP server.
  */
 export type Trigger =
   | { readonly subject: string }
+  | { readonly event: string; readonly stream?: string }
   | { readonly cron: string; readonly onStart?: boolean }
   | { readonly http: `${HttpMethod} /${string}` };
 
 /** What triggered one run, as the handler sees it in `ctx.trigger`. */
 export type TriggerInfo =
   | { readonly kind: "subject"; readonly subject: string }
+  | {
+      readonly kind: "event";
+      readonly subject: string;
+      /** With a stream: its name, the message's stream sequence and how often it was delivered. */
+      readonly stream?: string;
+      readonly sequence?: number;
+      readonly deliveries?: number;
+    }
   | { readonly kind: "http"; readonly method: string; readonly path: string }
   | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
   | { readonly kind: "start" }
@@ -43,6 +57,28 @@ export interface Context<Reads extends string = never, Writes extends string = n
   readonly clock: Clock;
   /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
   readonly limits: { readonly maxPayload: number };
+  /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
+  readonly runtime: RuntimeRecords;
+}
+
+/** A function's last successful scheduled run (cron or start). */
+export interface Run {
+  readonly at: Date;
+  readonly trigger: "cron" | "start";
+}
+
+/** Events refused by one function: how many, and the last one. */
+export interface Refused {
+  readonly count: number;
+  readonly last?: { readonly subject: string; readonly reason: string; readonly at: string };
+}
+
+/** The runtime's records, kept in its own bucket `<seat>_runtime`, shared by every replica. */
+export interface RuntimeRecords {
+  /** The last successful scheduled run of the function named `name`, or `null` if none. */
+  lastRun(name: string): Promise<Run | null>;
+  /** Events refused (not JSON, or refused by the input schema or the handler), by function. */
+  refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, Refused>> }>;
 }
 
 /** The object a function file default-exports, made with {@link defineFunction}. */
@@ -99,6 +135,15 @@ const subjectTrigger = z.strictObject({
     .string()
     .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces"),
 });
+const eventTrigger = z.strictObject({
+  event: z
+    .string()
+    .regex(
+      /^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$/,
+      "must be a NATS subject (tokens, `*`, a final `>`) without spaces",
+    ),
+  stream: z.string().min(1).optional(),
+});
 const cronTrigger = z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() });
 const httpTrigger = z.strictObject({
   http: z
@@ -114,8 +159,8 @@ export const definitionSchema = z.strictObject({
   description: z.string().min(1, "must say what the function does"),
   triggers: z
     .array(
-      z.union([subjectTrigger, cronTrigger, httpTrigger], {
-        error: "must be one of { subject }, { cron, onStart? }, { http: \"METHOD /path\" }",
+      z.union([subjectTrigger, eventTrigger, cronTrigger, httpTrigger], {
+        error: "must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: \"METHOD /path\" }",
       }),
     )
     .min(1, "a function needs at least one trigger"),

@@ -1,10 +1,11 @@
 import { DiscardPolicy, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
-import type { Config } from "./config.ts";
+import type { BucketConfig, Config } from "./config.ts";
 import type { Clock, Context, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import type { LoadedFunction } from "./loader.ts";
+import { recordsBucket, recorder, type Recorder } from "./records.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
 export type Outcome =
@@ -19,6 +20,8 @@ export interface Host {
   readonly nc: NatsConnection;
   readonly config: Config;
   readonly log: Logger;
+  /** The runtime's records (SPEC §6): scheduled runs and refused events. */
+  readonly records: Recorder;
   /** The `ctx` a function gets for one run: only the buckets it declared. */
   context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
   /**
@@ -35,18 +38,26 @@ export interface HostOptions {
   readonly clock?: Clock;
 }
 
+/** The runtime's own bucket among the opened ones; no config name can be this. */
+const RECORDS = "<runtime>";
+
 /**
- * Asserts every bucket of `config.buckets` on the connection (SPEC §2): a missing one is
- * created as a JetStream key-value bucket keeping `history` values per key, refusing rollup
- * headers (so no writer can erase keys it was not granted); an existing one is left as it is,
- * never emptied, with a warning when a node-written bucket still takes rollups. Returns the
- * opened buckets by config name; throws naming the bucket when the server refuses.
+ * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime`, on the
+ * connection (SPEC §2): a missing one is created as a JetStream key-value bucket keeping
+ * `history` values per key, refusing rollup headers (so no writer can erase keys it was not
+ * granted); an existing one is left as it is, never emptied, with a warning when a
+ * node-written bucket still takes rollups. Returns the opened buckets by config name; throws
+ * naming the bucket when the server refuses.
  */
 export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
   const opened = new Map<string, KV>();
-  for (const [name, { bucket, history, writtenBy }] of Object.entries(config.buckets)) {
+  const all: [string, BucketConfig][] = [
+    ...Object.entries(config.buckets),
+    [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", history: 1 }],
+  ];
+  for (const [name, { bucket, history, writtenBy }] of all) {
     const stream = `KV_${bucket}`;
     try {
       const info = await jsm.streams.info(stream).catch((err: Error) => {
@@ -78,6 +89,9 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
 /** Opens the host: asserts the buckets, then hands out contexts and runs functions. */
 export async function openHost({ nc, config, log, clock = { now: () => new Date() } }: HostOptions): Promise<Host> {
   const kvs = await assertBuckets(nc, config, log);
+  const js = nc.jetstream();
+  const records = recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)));
+  const runtime = Object.freeze({ lastRun: records.lastRun, refusedEvents: records.refusedEvents });
   const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
   type Shared = Omit<Context<string, string, unknown>, "trigger" | "buckets"> & { buckets: AnyContext["buckets"] };
   const perFunction = new Map<LoadedFunction, Shared>();
@@ -88,7 +102,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     const { access, config: schema } = fn.definition;
     const buckets: Record<string, ReadBucket | WriteBucket> = {};
     for (const name of access?.reads ?? []) buckets[name] = readBucket(kvs.get(name)!, config.buckets[name]!.bucket);
-    for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+    for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket);
     shared = {
       function: fn.name,
       buckets: Object.freeze(buckets) as AnyContext["buckets"],
@@ -96,6 +110,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
       config: schema === undefined ? {} : schema.parse(config),
       clock,
       limits,
+      runtime,
     };
     perFunction.set(fn, shared);
     return shared;
@@ -125,7 +140,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     }
   };
 
-  return { nc, config, log, context, run };
+  return { nc, config, log, records, context, run };
 }
 
 /**

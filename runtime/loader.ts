@@ -88,7 +88,8 @@ function bindingOf(trigger: Trigger): string | undefined {
 
 /**
  * Checks a loaded function set against itself and the config: no subject or route bound
- * twice (both files named), buckets in `access` exist in `config.buckets`, each function's
+ * twice (both files named), streams of event triggers exist in `config.streams`, buckets in
+ * `access` exist in `config.buckets`, each function's
  * `config` schema accepts the config, and every config field is read by the runtime or a
  * function. Returns the problems, one sentence each; none means the set can start.
  */
@@ -103,6 +104,17 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   }
   for (const [key, files] of bound) {
     if (files.length > 1) problems.push(`${key} is bound more than once: by ${files.join(" and ")}`);
+  }
+
+  for (const fn of functions) {
+    fn.definition.triggers.forEach((trigger, i) => {
+      if (!("event" in trigger) || trigger.stream === undefined || trigger.stream in config.streams) return;
+      const known = Object.keys(config.streams);
+      problems.push(
+        `${shown(fn.file)}: triggers.${i}.stream: no stream "${trigger.stream}" in the config` +
+          (known.length > 0 ? ` (it has ${known.join(", ")})` : " (it has no streams)"),
+      );
+    });
   }
 
   const buckets = Object.keys(config.buckets);

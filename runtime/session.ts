@@ -80,12 +80,13 @@ export async function openSession(config: Config, options: SessionOptions): Prom
   const embedded = await startEmbedded({
     stateDir,
     seat: config.seat,
-    buckets: Object.values(config.buckets),
+    buckets: config.buckets,
     nodes: config.embedded.nodes,
+    providers: config.embedded.providers,
     maxPayload: options.maxPayload,
   });
   try {
-    const as: Credentials | undefined = user === config.seat ? embedded.seat : embedded.nodes[user];
+    const as: Credentials | undefined = user === config.seat ? embedded.seat : embedded.users[user];
     if (as === undefined) throw new Error(`the embedded server has no user ${user}`);
     const nc = await connectTo([embedded.url], { name, user: as.user, pass: as.password });
     return {

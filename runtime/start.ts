@@ -4,6 +4,7 @@ import { serve, type ServerType } from "@hono/node-server";
 import type { Logger } from "pino";
 import { bindCron, bindSubjects, httpApp, type Binding } from "./bind.ts";
 import type { Config } from "./config.ts";
+import { bindEvents } from "./events.ts";
 import type { Clock, Trigger } from "./define.ts";
 import { openHost, type Host } from "./host.ts";
 import { loadFunctions, type LoadedFunction } from "./loader.ts";
@@ -54,8 +55,8 @@ function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Pr
 
 /**
  * Starts the function set of `config` (SPEC §6): loads and checks every function file, opens
- * the bus (the configured servers, or the embedded server), asserts the buckets, binds subjects,
- * HTTP routes and cron, and runs the `onStart` functions. Throws, having released what it
+ * the bus (the configured servers, or the embedded server), asserts the buckets and streams,
+ * binds subjects, HTTP routes, events and cron, and runs the `onStart` functions. Throws, having released what it
  * opened, when any step fails; the error says which.
  */
 export async function start(options: StartOptions): Promise<Running> {
@@ -76,6 +77,7 @@ export async function start(options: StartOptions): Promise<Running> {
     const host = await openHost({ nc: session.nc, config, log, clock: options.clock });
     bindings.push(await bindSubjects(host, functions, versionOf(config)));
     http = await listen(httpApp(host, functions), config.http.host, config.http.port);
+    bindings.push(await bindEvents(host, functions));
     bindings.push(await bindCron(host, functions));
     const { port } = http.address() as { port: number };
     return {
@@ -95,6 +97,7 @@ export async function start(options: StartOptions): Promise<Running> {
 function describeTrigger(trigger: Trigger): string {
   if ("subject" in trigger) return `subject ${trigger.subject}`;
   if ("http" in trigger) return `http ${trigger.http}`;
+  if ("event" in trigger) return `event ${trigger.event}${trigger.stream ? ` (stream ${trigger.stream})` : ""}`;
   return `cron ${trigger.cron}${trigger.onStart ? " (and at start)" : ""}`;
 }
 

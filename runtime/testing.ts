@@ -1,6 +1,6 @@
 /**
  * Helpers for tests of functions and of the runtime: a real nats-server per test file,
- * configured as the embedded default is (the seat's user, one user per node), in a
+ * configured as the embedded default is (the seat's user, node and provider users), in a
  * temporary folder that is removed at the end.
  */
 import { mkdtempSync, rmSync } from "node:fs";
@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { KV, NatsConnection } from "nats";
 import type { Config } from "./config.ts";
-import { startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
+import { startEmbedded, type Credentials, type EmbeddedServer, type ProviderUsers } from "./embedded.ts";
 import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */
@@ -17,9 +17,9 @@ export interface TestBus {
   readonly url: string;
   /** `config` pointed at this server as the seat, with HTTP on a free port. */
   readonly config: Config;
-  /** Connects as the seat (no argument) or as a node's user. */
+  /** Connects as the seat (no argument) or as a node's or provider's user. */
   connect(user?: string): Promise<NatsConnection>;
-  /** A bucket of the config (by its config name) opened as the seat or a node, never created. */
+  /** A bucket of the config (by its config name) opened as the seat or another user, never created. */
   kv(bucket: string, user?: string): Promise<KV>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
@@ -30,6 +30,8 @@ export interface TestBusOptions {
   readonly maxPayload?: number;
   /** Node users; the config's embedded nodes by default. */
   readonly nodes?: readonly string[];
+  /** Provider users; the config's embedded providers by default. */
+  readonly providers?: ProviderUsers;
 }
 
 /**
@@ -41,13 +43,14 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
   const server = await startEmbedded({
     stateDir: dir,
     seat: config.seat,
-    buckets: Object.values(config.buckets),
+    buckets: config.buckets,
     nodes: options.nodes ?? config.embedded.nodes,
+    providers: options.providers ?? config.embedded.providers,
     maxPayload: options.maxPayload,
   });
   const opened: NatsConnection[] = [];
   const credentials = (user?: string): Credentials => {
-    const found = user === undefined ? server.seat : server.nodes[user];
+    const found = user === undefined ? server.seat : server.users[user];
     if (found === undefined) throw new Error(`the test server has no user ${user}`);
     return found;
   };
@@ -68,7 +71,7 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     connect,
     kv: async (bucket, user) => {
       const name = config.buckets[bucket]?.bucket ?? bucket;
-      return (await connect(user)).jetstream().views.kv(name, { bindOnly: true });
+      return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
     },
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));

@@ -64,7 +64,7 @@ function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): 
   return new Promise((resolve, reject) => {
     child.stdout!.on("data", (d) => {
       out += d;
-      if (/registry-compile .*\n/.test(out)) resolve({ child, banner: out, exited });
+      if (/\n  status .*\n/.test(out)) resolve({ child, banner: out, exited }); // the banner's last function
     });
     void exited.then((code) => reject(new Error(`start exited (${code}): ${err}${out}`)));
   });
@@ -76,7 +76,15 @@ afterEach(() => {
   for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
 });
 afterAll(() => {
-  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+  for (const dir of dirs) {
+    // A child killed by SIGKILL (a failed test) cannot stop its nats-server: stop it here.
+    const marker = join(dir, "state", "embedded.json");
+    if (existsSync(marker)) {
+      const { pid } = JSON.parse(readFileSync(marker, "utf8")) as { pid: number };
+      if (alive(pid)) process.kill(pid, "SIGTERM");
+    }
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 describe("the embedded default, end to end", () => {
@@ -86,8 +94,10 @@ describe("the embedded default, end to end", () => {
     const started = await startCli(config);
     children.push(started.child);
     expect(started.banner).toMatch(/^NATS  nats:\/\/127\.0\.0\.1:\d+ \(embedded nats-server\)$/m);
-    expect(started.banner).toMatch(/^  provisioning      subject mesh-provisioner\.provisioning, http GET \/provisioning$/m);
-    expect(started.banner).toMatch(/^  registry-compile  cron 0 \* \* \* \* \(and at start\)$/m);
+    expect(started.banner).toMatch(/^  provisioning +subject mesh-provisioner\.provisioning, http GET \/provisioning$/m);
+    expect(started.banner).toMatch(/^  registry-compile +cron 0 \* \* \* \* \(and at start\)$/m);
+    expect(started.banner).toMatch(/^  provider-failing +event \*\.provisioner\.failing \(stream events\)$/m);
+    expect(started.banner).toMatch(/^  status +subject mesh-provisioner\.status, http GET \/status$/m);
     const httpUrl = started.banner.match(/^HTTP  (\S+)$/m)![1]!;
     const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number };
     expect(alive(marker.pid)).toBe(true);
@@ -95,6 +105,22 @@ describe("the embedded default, end to end", () => {
     const demo = await cli(config, ["demo"]);
     expect(demo.stderr).toBe("");
     expect(demo.stdout).toContain("birch: wrote 30 records as node birch");
+    expect(demo.stdout).toContain("keycloak: published keycloak.provisioner.failing for grafana on dogwood");
+
+    // The demo's identity provider fails grafana on dogwood until it recovers.
+    const failing = await cli(config, ["status"]);
+    expect(failing.code).toBe(1);
+    expect(failing.stdout).toMatch(/^NOT WELL: 1 failing\n\nPROVIDER +MACHINE +CONSUMER +FAILING FOR +WORD\nkeycloak +dogwood +grafana +\d+s +invalid_client: /);
+    expect(failing.stdout).toMatch(/^registry: 13 kinds, compiled \d+s ago \(/m);
+    expect(JSON.parse((await cli(config, ["status", "--machine", "dogwood", "--json"])).stdout).failing[0]).toMatchObject({
+      provider: "keycloak",
+      consumer: "grafana",
+    });
+    expect((await cli(config, ["status", "--machine", "birch"])).code).toBe(0);
+    const recovered = await cli(config, ["demo", "--recover"]);
+    expect(recovered.stdout).toContain("WELL: nothing fails");
+    const well = await cli(config, ["status"]);
+    expect([well.code, well.stdout.split("\n")[0]]).toEqual([0, "WELL: nothing fails"]);
 
     const ask = await cli(config, ["ask", "needs", "--node", "birch", "--module", "gitea"]);
     expect(ask.code).toBe(0);

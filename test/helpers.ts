@@ -33,3 +33,12 @@ export async function request(nc: NatsConnection, subject: string, payload: unkn
     errorText: reply.headers?.get("Nats-Service-Error") || undefined,
   };
 }
+
+/** Waits until `check` holds, polling every 50 ms; throws after `timeoutMs` naming what was awaited. */
+export async function until(check: () => boolean | Promise<boolean>, timeoutMs = 15_000, what = String(check)): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`not true within ${timeoutMs} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}

@@ -71,7 +71,7 @@ describe("compiling into the registry bucket", () => {
     bus = await testBus();
     const set = await startSet(bus); // asserts the buckets and compiles once at start
     await set.stop();
-    registry = writeBucket(await bus.kv("registry"), "mesh-provisioner_registry");
+    registry = writeBucket(await bus.kv("registry"), (await bus.connect()).jetstream(), "mesh-provisioner_registry");
   });
   afterAll(() => bus.stop());
 

@@ -117,7 +117,7 @@ describe("loading function files", () => {
       `${f("cron-input.ts")}: triggers.0: a cron run's input is {}, which the input schema refuses`,
       `${f("no-default.ts")}: has no default export; export default defineFunction({...})`,
       `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
-      `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { cron, onStart? }, { http: "METHOD /path" }`,
+      `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }`,
       // checks of the set against the config come after the checks of each file
       `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing)`,
     ]);

@@ -76,12 +76,13 @@ export function decodeCollection(tokenText: string): { ok: true; name: string } 
   return { ok: true, name };
 }
 
-/** The key shape of each bucket the verb reads (SPEC §2), token by token. */
+/** The key shape of each bucket (SPEC §2), token by token. */
 export const SHAPES = {
   registry: ["kind"],
   needs: ["node", "module", "kind", "name"],
   applied: ["node", "module"],
   collect: ["node", "collection", "contributor"],
+  failing: ["provider", "machine", "consumer"],
 } as const;
 
 export type View = keyof typeof SHAPES;

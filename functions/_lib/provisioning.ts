@@ -13,7 +13,10 @@ export const NARROWINGS = {
   needs: ["node", "module", "kind"],
   applied: ["node", "module"],
   collect: ["node", "collection", "contributor"],
-} as const satisfies Record<View, readonly string[]>;
+} as const satisfies Partial<Record<View, readonly string[]>>;
+
+/** The views the verb answers. */
+export type What = keyof typeof NARROWINGS;
 
 type Narrowing = "node" | "module" | "kind" | "contributor" | "collection";
 const ALL_NARROWINGS: readonly Narrowing[] = ["node", "module", "kind", "contributor", "collection"];
@@ -69,7 +72,7 @@ export interface OutOfShape {
 
 /** One page of the verb's answer (SPEC §4). */
 export interface Answer {
-  readonly what: View;
+  readonly what: What;
   readonly entries: Record<string, unknown>[];
   readonly outOfShape: OutOfShape[];
   readonly next?: string;

@@ -1,0 +1,51 @@
+import type { NatsConnection } from "nats";
+import prettyMilliseconds from "pretty-ms";
+import { STATUS, type Status } from "../functions/_lib/failing.ts";
+import { askVerb, table } from "./ask.ts";
+
+/** Asks `mesh-provisioner.status` once (SPEC §5) with a narrowing. */
+export function askStatus(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<Status> {
+  return askVerb<Status>(nc, STATUS, narrowing);
+}
+
+/** How long from `since` to `now`, in at most two units without spaces: `3h12m`, `45s`. */
+export function failingFor(since: string, now: Date): string {
+  const ms = Math.max(0, now.getTime() - Date.parse(since));
+  if (ms < 1000) return "0s";
+  return prettyMilliseconds(ms, { unitCount: 2, secondsDecimalDigits: 0 }).replaceAll(" ", "");
+}
+
+const WIDEST_WORD = 80;
+
+/** Status as a person reads it: well or not, a table of what fails and for how long, the registry. */
+export function formatStatus(status: Status, now: Date): string {
+  const lines: string[] = [];
+  const failing = status.failing.length + status.omitted + status.outOfShape.length;
+  lines.push(status.well ? "WELL: nothing fails" : `NOT WELL: ${failing} failing`);
+  if (status.failing.length > 0) {
+    lines.push(
+      "",
+      ...table([
+        ["PROVIDER", "MACHINE", "CONSUMER", "FAILING FOR", "WORD"],
+        ...status.failing.map((f) => [
+          f.provider,
+          f.machine,
+          f.consumer,
+          failingFor(f.since, now),
+          f.word.length > WIDEST_WORD ? `${f.word.slice(0, WIDEST_WORD - 1)}…` : f.word,
+        ]),
+      ]),
+    );
+  }
+  if (status.omitted > 0) lines.push(`… and ${status.omitted} more (narrow with --provider, --machine or --consumer)`);
+  if (status.outOfShape.length > 0) {
+    lines.push("", `out of shape (${status.outOfShape.length}):`, ...status.outOfShape.map((o) => `  ${o.key}: ${o.reason}`));
+  }
+  const { kinds, compiledAt } = status.registry;
+  lines.push(
+    "",
+    `registry: ${kinds.length} kinds, ${compiledAt === null ? "never compiled" : `compiled ${failingFor(compiledAt, now)} ago (${compiledAt})`}`,
+    `rejected events: ${status.rejectedEvents}`,
+  );
+  return lines.join("\n");
+}

@@ -1,0 +1,91 @@
+import pRetry, { AbortError } from "p-retry";
+import { z } from "zod";
+import type { KeyRecord } from "../../runtime/index.ts";
+import { decodeKey } from "./keys.ts";
+import { keptOf } from "./failing.ts";
+
+/** The alert name every failing triple is raised under. */
+export const ALERTNAME = "ProvisioningFailing";
+/** How long after a recovery its resolution is still sent, in milliseconds. */
+export const RESOLVED_FOR_MS = 60 * 60 * 1000;
+
+/**
+ * `alerts` of `wrangler-free.config.ts` (SPEC §5, optional): with `alertmanager` (its base URL)
+ * set, failing triples are raised there. `retries` and `backoffMs` shape the retries of one
+ * sending; `timeoutMs` bounds each request.
+ */
+export const alertsConfig = z.object({
+  alerts: z
+    .strictObject({
+      alertmanager: z.url({ protocol: /^https?$/, error: "must be the http(s) URL of Alertmanager" }).optional(),
+      retries: z.number().int().min(0).max(10).default(3),
+      backoffMs: z.number().int().min(1).default(1000),
+      timeoutMs: z.number().int().min(1).default(5000),
+    })
+    .default({ retries: 3, backoffMs: 1000, timeoutMs: 5000 }),
+});
+export type AlertsConfig = z.output<typeof alertsConfig>["alerts"];
+
+/** An alert as Alertmanager's API v2 takes it (`POST /api/v2/alerts`). */
+export interface PostableAlert {
+  readonly labels: Record<string, string>;
+  readonly annotations: Record<string, string>;
+  readonly startsAt: string;
+  readonly endsAt?: string;
+}
+
+/**
+ * The alerts for the failing bucket's records (live keys and delete markers): a firing alert
+ * per failing triple (`startsAt` its `since`, no `endsAt`, so Alertmanager keeps it while it is
+ * sent again), and a resolved one (`endsAt` its recovery) per triple recovered within
+ * {@link RESOLVED_FOR_MS} of `now`. Labels: `alertname`, `provider`, `machine`, `consumer`.
+ */
+export function alertsOf(records: readonly KeyRecord[], now: Date): PostableAlert[] {
+  const alerts: PostableAlert[] = [];
+  for (const record of records) {
+    const decoded = decodeKey("failing", record.key);
+    if (!decoded.ok) continue;
+    const { provider, machine, consumer } = decoded.fields;
+    const labels = { alertname: ALERTNAME, provider, machine, consumer };
+    const kept = keptOf(record);
+    if (kept.state === "failing") {
+      alerts.push({
+        labels,
+        annotations: { word: kept.word, summary: `${provider} fails ${consumer} on ${machine}: ${kept.word}` },
+        startsAt: new Date(kept.since).toISOString(),
+      });
+    } else if (kept.state === "recovered" && now.getTime() - Date.parse(kept.at) <= RESOLVED_FOR_MS) {
+      const endsAt = new Date(kept.at).toISOString();
+      alerts.push({
+        labels,
+        annotations: { summary: `${provider} serves ${consumer} on ${machine} again` },
+        startsAt: kept.since ? new Date(kept.since).toISOString() : endsAt,
+        endsAt,
+      });
+    }
+  }
+  return alerts;
+}
+
+/**
+ * Posts `alerts` to `<alertmanager>/api/v2/alerts`, retrying a failed request (unreachable,
+ * timed out, or a 5xx/429 answer) `retries` times with exponential backoff from `backoffMs`.
+ * A 4xx answer is not retried. Throws the last error when every attempt failed.
+ */
+export async function postAlerts(config: AlertsConfig & { alertmanager: string }, alerts: readonly PostableAlert[]): Promise<void> {
+  const url = new URL("api/v2/alerts", config.alertmanager.endsWith("/") ? config.alertmanager : `${config.alertmanager}/`);
+  await pRetry(
+    async () => {
+      const response = await fetch(url, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(alerts),
+        signal: AbortSignal.timeout(config.timeoutMs),
+      });
+      if (response.ok) return;
+      const error = new Error(`Alertmanager at ${url} answered ${response.status}: ${(await response.text()).slice(0, 200)}`);
+      throw response.status >= 500 || response.status === 429 ? error : new AbortError(error);
+    },
+    { retries: config.retries, minTimeout: config.backoffMs, factor: 2, randomize: true },
+  );
+}

@@ -1,0 +1,16 @@
+import { defineFunction } from "../runtime/index.ts";
+import { applyEvent, failingEvent, providerOf } from "./_lib/failing.ts";
+
+/** SPEC §5: a provider says it fails a consumer on a machine; the newest word is kept. */
+export default defineFunction({
+  description: "Follows <provider>.provisioner.failing: keeps the newest failing word per provider, machine and consumer.",
+  triggers: [{ event: "*.provisioner.failing", stream: "events" }],
+  input: failingEvent,
+  access: { writes: ["failing"] },
+  handler: async (event, ctx) => {
+    const provider = providerOf(ctx.trigger);
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event });
+    ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
+    return { change };
+  },
+});

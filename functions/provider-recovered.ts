@@ -1,0 +1,16 @@
+import { defineFunction } from "../runtime/index.ts";
+import { applyEvent, providerOf, recoveredEvent } from "./_lib/failing.ts";
+
+/** SPEC §5: a provider says it serves a consumer on a machine again; its failing is removed. */
+export default defineFunction({
+  description: "Follows <provider>.provisioner.recovered: removes a failing older than the recovery.",
+  triggers: [{ event: "*.provisioner.recovered", stream: "events" }],
+  input: recoveredEvent,
+  access: { writes: ["failing"] },
+  handler: async (event, ctx) => {
+    const provider = providerOf(ctx.trigger);
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event });
+    ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
+    return { change };
+  },
+});

@@ -1,0 +1,11 @@
+import { defineFunction } from "../runtime/index.ts";
+import { readStatus, STATUS, statusRequest } from "./_lib/failing.ts";
+
+/** SPEC §5: whether the mesh is well, naming every failing provider until it recovers. */
+export default defineFunction({
+  description: "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the registry, refused events.",
+  triggers: [{ subject: STATUS }, { http: "GET /status" }],
+  input: statusRequest,
+  access: { reads: ["failing", "registry"] },
+  handler: (request, ctx) => readStatus(request, ctx.buckets, ctx.runtime, ctx.limits.maxPayload),
+});

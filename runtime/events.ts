@@ -1,0 +1,183 @@
+import {
+  AckPolicy,
+  DeliverPolicy,
+  DiscardPolicy,
+  nanos,
+  RetentionPolicy,
+  StorageType,
+  type ConsumerMessages,
+  type JetStreamManager,
+  type NatsConnection,
+  type Subscription,
+} from "nats";
+import type { Logger } from "pino";
+import { parsePayload, triggersOf, type Binding } from "./bind.ts";
+import type { Config } from "./config.ts";
+import type { TriggerInfo } from "./define.ts";
+import type { Host } from "./host.ts";
+import type { LoadedFunction } from "./loader.ts";
+
+/** How long a delivered message may go unacknowledged before the server redelivers it. */
+export const ACK_WAIT_MS = 30_000;
+/** Messages a durable consumer pulls at once. */
+const BATCH = 64;
+
+/** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
+export function backoff(deliveries: number): number {
+  return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
+}
+
+/** A `{ event, stream }` trigger's durable consumer: the function's name, `-<n>` from its second one. */
+const durableOf = (fn: LoadedFunction, i: number) => (i === 0 ? fn.name : `${fn.name}-${i + 1}`);
+
+/** The subjects each configured stream must capture: the `event` of every trigger naming it. */
+export function streamSubjects(functions: readonly LoadedFunction[]): Map<string, string[]> {
+  const subjects = new Map<string, string[]>();
+  for (const { trigger } of triggersOf(functions, "event")) {
+    if (trigger.stream === undefined) continue;
+    const list = subjects.get(trigger.stream) ?? [];
+    if (!list.includes(trigger.event)) list.push(trigger.event);
+    subjects.set(trigger.stream, list);
+  }
+  return subjects;
+}
+
+/**
+ * Asserts the streams that `{ event, stream }` triggers name (`config.streams`): a missing one
+ * is created limits-based (file storage, `maxAgeSeconds`, `maxBytes`, the oldest dropped
+ * first); an existing one is given the subjects and limits it lacks, never emptied. Throws
+ * naming the stream when the server refuses (e.g. subjects another stream already captures).
+ */
+export async function assertStreams(
+  jsm: JetStreamManager,
+  config: Config,
+  functions: readonly LoadedFunction[],
+  log: Logger,
+): Promise<void> {
+  for (const [name, subjects] of streamSubjects(functions)) {
+    const { stream, maxAgeSeconds, maxBytes } = config.streams[name]!;
+    const wanted = { max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };
+    try {
+      const info = await jsm.streams.info(stream).catch((err: Error) => {
+        if (err.message !== "stream not found") throw err;
+        log.info({ stream, subjects }, "creating stream");
+        return jsm.streams.add({
+          name: stream,
+          subjects,
+          retention: RetentionPolicy.Limits,
+          storage: StorageType.File,
+          discard: DiscardPolicy.Old,
+          num_replicas: 1,
+          ...wanted,
+        });
+      });
+      const missing = subjects.filter((s) => !info.config.subjects.includes(s));
+      if (missing.length > 0 || info.config.max_age !== wanted.max_age || info.config.max_bytes !== wanted.max_bytes) {
+        log.info({ stream, missing, ...wanted }, "updating stream");
+        await jsm.streams.update(stream, { ...info.config, subjects: [...info.config.subjects, ...missing], ...wanted });
+      }
+    } catch (err) {
+      throw new Error(`cannot assert stream ${stream} (for ${subjects.join(", ")}): ${(err as Error).message}`);
+    }
+  }
+}
+
+type Verdict = "done" | "refused" | "failed";
+
+/**
+ * Runs `fn` for one message: `done` when the handler returned, `refused` when the payload is
+ * not JSON or the input schema or handler refused it (counted in the runtime's records, with
+ * the reason logged), `failed` on a fault (or when the refusal could not be counted).
+ */
+async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger: TriggerInfo & { kind: "event" }): Promise<Verdict> {
+  const payload = parsePayload(data);
+  const outcome = payload.ok ? await host.run(fn, payload.value, trigger) : payload;
+  if (outcome.ok) return "done";
+  if (outcome.error.code >= 500) return "failed";
+  const reason = outcome.error.message;
+  host.log.warn({ function: fn.name, subject: trigger.subject, sequence: trigger.sequence, reason }, "event refused");
+  try {
+    await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() });
+    return "refused";
+  } catch (err) {
+    host.log.error({ function: fn.name, err }, "refused event not counted; it will be delivered again");
+    return "failed";
+  }
+}
+
+/**
+ * Binds every `{ event }` trigger. With a stream: asserts the streams, then one durable pull
+ * consumer per trigger (named after the function, filtered on the event subject, explicit
+ * acknowledgement), whose messages are handled one at a time. A message is acknowledged once
+ * its handler returned or it was refused and counted; on a fault it is negatively acknowledged
+ * with {@link backoff}, so it comes again later, for ever until it succeeds. Without a stream:
+ * a subscription in the seat's queue group (what is published while the set is down is lost).
+ */
+export async function bindEvents(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
+  const triggers = triggersOf(functions, "event");
+  if (triggers.length === 0) return { stop: async () => {} };
+  const nc: NatsConnection = host.nc;
+  const jsm = await nc.jetstreamManager();
+  await assertStreams(jsm, host.config, functions, host.log);
+
+  const subscriptions: Subscription[] = [];
+  const consumers: { messages: ConsumerMessages; loop: Promise<void> }[] = [];
+  let stopping = false;
+
+  for (const { fn, trigger, i } of triggers) {
+    if (trigger.stream === undefined) {
+      subscriptions.push(
+        nc.subscribe(trigger.event, {
+          queue: host.config.seat,
+          callback: (err, msg) => {
+            if (err) return host.log.error({ function: fn.name, err }, "subscription stopped");
+            void handle(host, fn, msg.data, { kind: "event", subject: msg.subject });
+          },
+        }),
+      );
+      continue;
+    }
+    const stream = host.config.streams[trigger.stream]!.stream;
+    const durable = durableOf(fn, i);
+    await jsm.consumers.add(stream, {
+      durable_name: durable,
+      filter_subject: trigger.event,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(ACK_WAIT_MS),
+      max_deliver: -1,
+      max_ack_pending: 1000,
+    }).catch((err: Error) => {
+      throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`);
+    });
+    const consumer = await nc.jetstream().consumers.get(stream, durable);
+    const messages = await consumer.consume({ max_messages: BATCH });
+    const loop = (async () => {
+      for await (const m of messages) {
+        if (stopping) {
+          m.nak();
+          continue;
+        }
+        const verdict = await handle(host, fn, m.data, {
+          kind: "event",
+          subject: m.subject,
+          stream,
+          sequence: m.seq,
+          deliveries: m.info.redeliveryCount,
+        });
+        if (verdict === "failed") m.nak(backoff(m.info.redeliveryCount));
+        else m.ack();
+      }
+    })().catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "consumer stopped"));
+    consumers.push({ messages, loop });
+  }
+
+  return {
+    stop: async () => {
+      stopping = true;
+      for (const sub of subscriptions) sub.unsubscribe();
+      for (const { messages } of consumers) messages.stop();
+      await Promise.all(consumers.map(({ loop }) => loop));
+    },
+  };
+}

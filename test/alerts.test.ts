@@ -1,0 +1,136 @@
+import { join } from "node:path";
+import { http, HttpResponse } from "msw";
+import { setupServer } from "msw/node";
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { alertsOf, type PostableAlert } from "../functions/_lib/alerts.ts";
+import { STATUS } from "../functions/_lib/failing.ts";
+import { invoke, loadFunction, type KeyRecord, type LoadedFunction, type Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { request, ROOT, startSet, testBus, until } from "./helpers.ts";
+
+const ALERTMANAGER = "http://alertmanager.test:9093";
+
+/** What the stand-in Alertmanager was sent, and how it answers for now. */
+const received: PostableAlert[][] = [];
+let answer = 200;
+const alertmanager = setupServer(
+  http.post(`${ALERTMANAGER}/api/v2/alerts`, async ({ request }) => {
+    received.push((await request.json()) as PostableAlert[]);
+    return answer === 200 ? HttpResponse.json({}) : HttpResponse.text("down for maintenance", { status: answer });
+  }),
+);
+
+let bus: TestBus;
+let seat: NatsConnection;
+let keycloak: NatsConnection;
+let set: Running;
+let alerts: LoadedFunction;
+
+beforeAll(async () => {
+  alertmanager.listen({ onUnhandledRequest: "bypass" });
+  bus = await testBus();
+  seat = await bus.connect();
+  keycloak = await bus.connect("keycloak");
+  set = await startSet(bus, { alerts: { alertmanager: ALERTMANAGER, retries: 2, backoffMs: 20, timeoutMs: 2000 } } as object);
+  alerts = set.functions.find((fn) => fn.name === "alerts")!;
+});
+afterAll(async () => {
+  await set.stop();
+  await bus.stop();
+  alertmanager.close();
+});
+
+const emit = (kind: "failing" | "recovered", event: Record<string, string>) =>
+  keycloak.jetstream().publish(`keycloak.provisioner.${kind}`, JSON.stringify(event));
+
+const failingOf = async (machine: string) => (await request(seat, STATUS, { machine })).body.failing as unknown[];
+
+/** The alerts sent for one machine, newest sending last. */
+const sentFor = (machine: string) => received.flat().filter((a) => a.labels.machine === machine);
+
+describe("Alertmanager", () => {
+  it("raises a failing with its labels and startsAt, and resolves it with endsAt on recovery", async () => {
+    await emit("failing", { machine: "dogwood", consumer: "grafana", word: "invalid_client", at: "2026-11-29T12:00:00Z" });
+    await emit("failing", { machine: "dogwood", consumer: "grafana", word: "realm unreachable", at: "2026-11-29T12:05:00Z" });
+    await until(async () => (await failingOf("dogwood")).length === 1 && JSON.stringify(await failingOf("dogwood")).includes("realm"));
+    expect(await invoke(set.host, alerts)).toEqual({ sent: 1, firing: 1 });
+    expect(sentFor("dogwood").at(-1)).toEqual({
+      labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "dogwood", consumer: "grafana" },
+      annotations: { word: "realm unreachable", summary: "keycloak fails grafana on dogwood: realm unreachable" },
+      startsAt: "2026-11-29T12:00:00.000Z",
+    });
+
+    const recoveredAt = new Date().toISOString();
+    await emit("recovered", { machine: "dogwood", consumer: "grafana", at: recoveredAt });
+    await until(async () => (await failingOf("dogwood")).length === 0);
+    expect(await invoke(set.host, alerts)).toEqual({ sent: 1, firing: 0 });
+    expect(sentFor("dogwood").at(-1)).toEqual({
+      labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "dogwood", consumer: "grafana" },
+      annotations: { summary: "keycloak serves grafana on dogwood again" },
+      startsAt: "2026-11-29T12:00:00.000Z",
+      endsAt: recoveredAt,
+    });
+  });
+
+  it("keeps the state right while Alertmanager answers 500, and raises the alert once it is back", async () => {
+    answer = 500;
+    const before = received.length;
+    await emit("failing", { machine: "birch", consumer: "caddy", word: "no issuer", at: "2026-11-29T13:00:00Z" });
+    await until(async () => (await failingOf("birch")).length === 1);
+    const failure = await invoke(set.host, alerts).catch((e: unknown) => e);
+    expect((failure as Error).message).toMatch(/^alerts failed: Alertmanager at http:\/\/alertmanager\.test:9093\/api\/v2\/alerts answered 500/);
+    expect(received.length - before).toBeGreaterThanOrEqual(3); // the first try and 2 retries
+    // The follower went on meanwhile.
+    await emit("failing", { machine: "birch", consumer: "caddy", word: "issuer moved", at: "2026-11-29T13:01:00Z" });
+    await until(async () => JSON.stringify(await failingOf("birch")).includes("issuer moved"));
+
+    answer = 200;
+    const after = received.length;
+    // The birch failing, and dogwood's resolution of the first test, recent enough to send again.
+    expect(await invoke(set.host, alerts)).toEqual({ sent: 2, firing: 1 });
+    expect(received.slice(after).flat()).toContainEqual({
+      labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "birch", consumer: "caddy" },
+      annotations: { word: "issuer moved", summary: "keycloak fails caddy on birch: issuer moved" },
+      startsAt: "2026-11-29T13:00:00.000Z",
+    });
+  });
+
+  it("sends nothing while alerts.alertmanager is unset", async () => {
+    const off = await loadFunction(join(ROOT, "functions", "alerts.ts"));
+    const plain = await startSet(bus, { http: { host: "127.0.0.1", port: 0 } });
+    try {
+      const before = received.length;
+      expect(await invoke(plain.host, off)).toEqual({ sent: 0, off: "alerts.alertmanager is not set" });
+      expect(received.length).toBe(before);
+    } finally {
+      await plain.stop();
+    }
+  });
+});
+
+describe("alertsOf", () => {
+  const record = (key: string, value: unknown, deleted: boolean): KeyRecord => ({
+    key,
+    value: new TextEncoder().encode(JSON.stringify(value)),
+    revision: 1,
+    created: new Date(),
+    deleted,
+  });
+  it("fires failing triples, resolves recent recoveries only, and skips keys out of shape", () => {
+    const now = new Date("2026-11-29T14:00:00Z");
+    const sent = alertsOf(
+      [
+        record("p.m.c", { word: "w", since: "2026-11-29T10:00:00+01:00", at: "2026-11-29T13:00:00Z" }, false),
+        record("p.m.recent", { recovered: "2026-11-29T13:30:00Z", since: "2026-11-29T12:00:00Z" }, true),
+        record("p.m.long-ago", { recovered: "2026-11-29T12:00:00Z" }, true),
+        record("p.m", { word: "w", since: "2026-11-29T10:00:00Z", at: "2026-11-29T10:00:00Z" }, false),
+      ],
+      now,
+    );
+    expect(sent.map((a) => [a.labels.consumer, a.startsAt, a.endsAt])).toEqual([
+      ["c", "2026-11-29T09:00:00.000Z", undefined],
+      ["recent", "2026-11-29T12:00:00.000Z", "2026-11-29T13:30:00.000Z"],
+    ]);
+  });
+});

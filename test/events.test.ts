@@ -1,0 +1,120 @@
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { start, type Config } from "../runtime/index.ts";
+import { backoff } from "../runtime/events.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { ROOT, testBus, until } from "./helpers.ts";
+
+const RUNTIME = join(ROOT, "runtime", "index.ts");
+const TMP = join(ROOT, ".tmp");
+
+let bus: TestBus;
+let seat: NatsConnection;
+let dir: string;
+
+interface Seen {
+  n: number;
+  subject: string;
+  deliveries?: number;
+}
+const seen = (): Seen[] => ((globalThis as any).__probeSeen ??= []);
+
+beforeAll(async () => {
+  bus = await testBus();
+  seat = await bus.connect();
+  mkdirSync(TMP, { recursive: true });
+  dir = mkdtempSync(join(TMP, "functions-"));
+  writeFileSync(
+    join(dir, "probe-events.ts"),
+    `import { z } from "zod";
+import { defineFunction } from ${JSON.stringify(RUNTIME)};
+export default defineFunction({
+  description: "Notes each event; fails the first deliveries of one that asks for it.",
+  triggers: [{ event: "probe.ev.*", stream: "probe" }, { event: "probe.plain" }],
+  input: z.strictObject({ n: z.number(), failTimes: z.number().optional() }),
+  handler: async ({ n, failTimes }, ctx) => {
+    if (ctx.trigger.kind !== "event") throw new Error("not an event");
+    const deliveries = ctx.trigger.deliveries;
+    if (failTimes !== undefined && (deliveries ?? 0) <= failTimes) throw new Error("not yet");
+    ((globalThis as any).__probeSeen ??= []).push({ n, subject: ctx.trigger.subject, deliveries });
+  },
+});
+`,
+  );
+});
+afterAll(async () => {
+  await bus.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** The test bus's config with only the probe function and its stream. */
+function probeConfig(): Config {
+  const { registry: _, ...config } = bus.config as Config & { registry?: unknown };
+  return { ...config, functions: dir, streams: { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20 } } };
+}
+
+const publish = (subject: string, payload: unknown) =>
+  seat.jetstream().publish(subject, typeof payload === "string" ? payload : JSON.stringify(payload));
+
+describe("event triggers", () => {
+  it("backs off 0.5 s doubling per delivery, up to 30 s", () => {
+    expect([1, 2, 3, 4, 7, 20].map(backoff)).toEqual([500, 1000, 2000, 4000, 30_000, 30_000]);
+  });
+
+  it("acknowledges after the handler, redelivers a fault with backoff, acknowledges and counts a refusal", async () => {
+    const set = await start({ config: probeConfig() });
+    try {
+      await publish("probe.ev.a", { n: 1 });
+      await publish("probe.ev.b", "not json");
+      await publish("probe.ev.c", { n: "two" });
+      await publish("probe.ev.d", { n: 3, failTimes: 2 });
+      await publish("probe.ev.e", { n: 4 });
+      await until(() => seen().some((s) => s.n === 3));
+      // A message waiting for its redelivery does not hold the next ones up.
+      expect(seen()).toEqual([
+        { n: 1, subject: "probe.ev.a", deliveries: 1 },
+        { n: 4, subject: "probe.ev.e", deliveries: 1 },
+        { n: 3, subject: "probe.ev.d", deliveries: 3 },
+      ]);
+      const refused = await set.host.records.refusedEvents();
+      expect(refused.count).toBe(2);
+      expect(refused.byFunction["probe-events"]).toMatchObject({
+        count: 2,
+        last: { subject: "probe.ev.c", reason: "n: Invalid input: expected number, received string" },
+      });
+      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "probe-events");
+      expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
+      await sleep(1500); // nothing refused comes back
+      expect(seen()).toHaveLength(3);
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("handles what was published while the set was down once it starts again, and plain subjects live", async () => {
+    seen().length = 0;
+    await publish("probe.ev.f", { n: 5 });
+    await publish("probe.ev.g", { n: 6 });
+    const set = await start({ config: probeConfig() });
+    try {
+      await until(() => seen().length === 2);
+      expect(seen().map((s) => s.n)).toEqual([5, 6]);
+      seat.publish("probe.plain", JSON.stringify({ n: 7 }));
+      await until(() => seen().length === 3);
+      expect(seen()[2]).toEqual({ n: 7, subject: "probe.plain" });
+      const stream = await (await seat.jetstreamManager()).streams.info("probe_events");
+      expect(stream.config.subjects).toEqual(["probe.ev.*"]);
+      expect(stream.config.max_age).toBe(3600 * 1e9);
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("refuses a trigger naming a stream the config lacks", async () => {
+    const failure = await start({ config: { ...probeConfig(), streams: {} } }).catch((e: unknown) => e);
+    expect((failure as Error).message).toMatch(/probe-events\.ts: triggers\.0\.stream: no stream "probe" in the config \(it has no streams\)$/);
+  });
+});

@@ -1,0 +1,164 @@
+import fc from "fast-check";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  applyEvent,
+  failingEvent,
+  failingOf,
+  instant,
+  keptOf,
+  keptWord,
+  MAX_WORD,
+  providerOf,
+  recoveredEvent,
+  rfc3339,
+} from "../functions/_lib/failing.ts";
+import { writeBucket, type WriteBucket } from "../runtime/buckets.ts";
+import { assertBuckets } from "../runtime/host.ts";
+import { createLogger } from "../runtime/log.ts";
+import { ServiceError } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { testBus } from "./helpers.ts";
+
+const bytes = (value: unknown) => new TextEncoder().encode(JSON.stringify(value));
+
+describe("event times", () => {
+  it("orders RFC 3339 times by their instant, to the nanosecond, whatever the offset", () => {
+    expect(instant("2026-11-29T12:00:00Z")).toBe(instant("2026-11-29T13:00:00+01:00"));
+    expect(instant("2026-11-29T12:00:00.000000001Z") > instant("2026-11-29T12:00:00Z")).toBe(true);
+    expect(instant("2026-11-29T12:00:00.1234567891Z")).toBe(instant("2026-11-29T12:00:00.123456789Z"));
+    expect(instant("2026-11-29t12:00:00.5z")).toBe(instant("2026-11-29T12:00:00.500Z"));
+  });
+
+  it("takes RFC 3339 with an offset and nothing else", () => {
+    for (const good of ["2026-11-29T12:00:00Z", "2026-11-29T12:00:00.123+05:30", "2026-11-29t12:00:00z"]) {
+      expect(rfc3339.safeParse(good).success).toBe(true);
+    }
+    for (const bad of ["yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000]) {
+      expect(rfc3339.safeParse(bad).success).toBe(false);
+    }
+  });
+});
+
+describe("events", () => {
+  it("need machine, consumer and at as tokens and a time, a failing its word; other fields are ignored", () => {
+    const ok = { machine: "m", consumer: "c", at: "2026-11-29T12:00:00Z" };
+    expect(failingEvent.parse({ ...ok, word: "w", detail: "more" })).toEqual({ ...ok, word: "w" });
+    expect(recoveredEvent.parse({ ...ok, word: "ignored" })).toEqual(ok);
+    expect(failingEvent.safeParse(ok).success).toBe(false);
+    expect(failingEvent.safeParse({ ...ok, word: "w", machine: "a.b" }).success).toBe(false);
+    expect(recoveredEvent.safeParse({ consumer: "c", at: ok.at }).success).toBe(false);
+  });
+
+  it("take the provider from the subject's first token, refusing one that is not a token", () => {
+    expect(providerOf({ kind: "event", subject: "keycloak.provisioner.failing" })).toBe("keycloak");
+    const refused = (subject: string) => {
+      try {
+        providerOf({ kind: "event", subject });
+        return "taken";
+      } catch (err) {
+        expect(err).toBeInstanceOf(ServiceError);
+        return (err as ServiceError).message;
+      }
+    };
+    expect(refused("key:cloak.provisioner.failing")).toBe(
+      'subject key:cloak.provisioner.failing: the provider "key:cloak" is not one token (A-Z a-z 0-9 - _ / =)',
+    );
+    expect(() => providerOf({ kind: "invoke" })).toThrow(/this run has none/);
+  });
+
+  it("keep a word of at most 1,024 characters, cutting a longer one", () => {
+    expect(keptWord("short")).toBe("short");
+    const cut = keptWord("😀".repeat(5000));
+    expect([...cut]).toHaveLength(MAX_WORD);
+    expect(cut.endsWith("😀…")).toBe(true);
+    expect(cut.isWellFormed()).toBe(true);
+  });
+});
+
+describe("the failing bucket's records", () => {
+  const record = (value: unknown, deleted: boolean) => ({ key: "p.m.c", value: bytes(value), revision: 7, created: new Date(), deleted });
+  it("read as failing, recovered or none", () => {
+    expect(keptOf(null)).toEqual({ state: "none", revision: 0 });
+    expect(keptOf(record({ word: "w", since: "2026-11-29T12:00:00Z", at: "2026-11-29T12:01:00Z" }, false))).toEqual({
+      state: "failing",
+      revision: 7,
+      word: "w",
+      since: "2026-11-29T12:00:00Z",
+      at: "2026-11-29T12:01:00Z",
+    });
+    expect(keptOf(record({ recovered: "2026-11-29T12:02:00Z" }, true))).toEqual({ state: "recovered", revision: 7, at: "2026-11-29T12:02:00Z" });
+    expect(keptOf({ ...record(null, true), value: new Uint8Array() })).toEqual({ state: "none", revision: 7 });
+  });
+
+  it("list as failing triples sorted by provider, machine, consumer; other keys are said out of shape", () => {
+    const value = { word: "w", since: "2026-11-29T12:00:00Z", at: "2026-11-29T12:00:00Z" };
+    const { failing, outOfShape } = failingOf([
+      { key: "b.m.c", value: bytes(value) },
+      { key: "a-b.m.c", value: bytes(value) },
+      { key: "a.z.c", value: bytes(value) },
+      { key: "a.m", value: bytes(value) },
+      { key: "a.m.x", value: bytes({ word: 1 }) },
+    ]);
+    expect(failing.map((f) => [f.provider, f.machine, f.consumer])).toEqual([["a", "z", "c"], ["a-b", "m", "c"], ["b", "m", "c"]]);
+    expect(outOfShape).toEqual([
+      { key: "a.m", reason: "failing keys have 3 tokens, this has 2" },
+      { key: "a.m.x", reason: "value is not { word, since, at }: word: Invalid input: expected string, received number; since: Invalid input: expected string, received undefined; at: Invalid input: expected string, received undefined" },
+    ]);
+  });
+});
+
+describe("applying events, newest wins", () => {
+  let bus: TestBus;
+  let bucket: WriteBucket;
+  beforeAll(async () => {
+    bus = await testBus();
+    const seat = await bus.connect();
+    // The bucket is made as the function set makes it.
+    await assertBuckets(seat, bus.config, createLogger({ LOG_LEVEL: "silent" }));
+    bucket = writeBucket(await bus.kv("failing"), seat.jetstream(), "mesh-provisioner_failing");
+  });
+  afterAll(() => bus.stop());
+
+  const t = (s: number) => new Date(Date.UTC(2026, 10, 29, 12, 0, s)).toISOString();
+
+  it("says what each event did", async () => {
+    const on = (kind: "failing" | "recovered", s: number, word = "w") =>
+      applyEvent(bucket, "p", kind === "failing" ? { kind, event: { machine: "m", consumer: "c", word, at: t(s) } } : { kind, event: { machine: "m", consumer: "c", at: t(s) } });
+    expect(await on("recovered", 1)).toBe("remembered");
+    expect(await on("failing", 0)).toBe("older");
+    expect(await on("failing", 2, "a")).toBe("raised");
+    expect(await on("failing", 2, "again")).toBe("older");
+    expect(await on("failing", 3, "b")).toBe("updated");
+    expect(keptOf(await bucket.last("p.m.c"))).toMatchObject({ state: "failing", word: "b", since: t(2), at: t(3) });
+    expect(await on("recovered", 4)).toBe("recovered");
+    expect(keptOf(await bucket.last("p.m.c"))).toMatchObject({ state: "recovered", at: t(4), since: t(2) });
+    expect(await bucket.get("p.m.c")).toBeNull();
+  });
+
+  it("ends at the newest event of a triple, whatever order the events come in, even applied at once", async () => {
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.uniqueArray(fc.integer({ min: 0, max: 3600 }), { minLength: 1, maxLength: 12 }).chain((seconds) =>
+          fc.tuple(fc.constant(seconds), fc.array(fc.boolean(), { minLength: seconds.length, maxLength: seconds.length }), fc.boolean()),
+        ),
+        async ([seconds, failing, together]) => {
+          const consumer = `c${run++}`;
+          const events = seconds.map((s, i) =>
+            failing[i]
+              ? { kind: "failing" as const, event: { machine: "m", consumer, word: `w${s}`, at: t(s) } }
+              : { kind: "recovered" as const, event: { machine: "m", consumer, at: t(s) } },
+          );
+          if (together) await Promise.all(events.map((e) => applyEvent(bucket, "q", e)));
+          else for (const e of events) await applyEvent(bucket, "q", e);
+          const newest = events.reduce((a, b) => (b.event.at > a.event.at ? b : a));
+          const kept = keptOf(await bucket.last(`q.m.${consumer}`));
+          expect(kept.state).toBe(newest.kind);
+          if (kept.state === "failing") expect(kept.word).toBe(`w${seconds[events.indexOf(newest)]}`);
+          expect(kept.state !== "none" && kept.at).toBe(newest.event.at);
+        },
+      ),
+      { numRuns: 40 },
+    );
+  });
+});
