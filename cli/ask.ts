@@ -64,6 +64,16 @@ const COLUMNS: Record<Answer["what"], readonly string[]> = {
 
 const WIDEST_VALUE = 72;
 
+/**
+ * Text as a table cell shows it: control characters (which could break the table or drive the
+ * terminal) written as `\uXXXX`, and at most `width` characters, a longer text cut with `…`.
+ */
+export function shown(text: string, width: number): string {
+  const safe = text.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  const chars = [...safe];
+  return chars.length > width ? `${chars.slice(0, width - 1).join("")}…` : safe;
+}
+
 function cell(entry: Record<string, unknown>, column: string): string {
   if (column === "where") {
     const v = entry.value as Record<string, string>;
@@ -74,8 +84,7 @@ function cell(entry: Record<string, unknown>, column: string): string {
     return String((entry.value as Record<string, unknown>).module);
   }
   const value = entry[column];
-  const text = typeof value === "string" ? value : JSON.stringify(value);
-  return text.length > WIDEST_VALUE ? `${text.slice(0, WIDEST_VALUE - 1)}…` : text;
+  return shown(typeof value === "string" ? value : JSON.stringify(value), WIDEST_VALUE);
 }
 
 /** Lines of aligned columns, the first row being the header. */
@@ -95,7 +104,7 @@ export function formatAnswer(answer: Answer): string {
           `${answer.entries.length} ${answer.what} entr${answer.entries.length === 1 ? "y" : "ies"}`,
         ];
   if (answer.outOfShape.length > 0) {
-    lines.push("", `out of shape (${answer.outOfShape.length}):`, ...answer.outOfShape.map((o) => `  ${o.key}: ${o.reason}`));
+    lines.push("", `out of shape (${answer.outOfShape.length}):`, ...answer.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`));
   }
   if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
   return lines.join("\n");

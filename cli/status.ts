@@ -1,7 +1,7 @@
 import type { NatsConnection } from "nats";
 import prettyMilliseconds from "pretty-ms";
 import { STATUS, type Status } from "../functions/_lib/failing.ts";
-import { askVerb, table } from "./ask.ts";
+import { askVerb, shown, table } from "./ask.ts";
 
 /** Asks `mesh-provisioner.status` once (SPEC §5) with a narrowing. */
 export function askStatus(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<Status> {
@@ -32,14 +32,14 @@ export function formatStatus(status: Status, now: Date): string {
           f.machine,
           f.consumer,
           failingFor(f.since, now),
-          f.word.length > WIDEST_WORD ? `${f.word.slice(0, WIDEST_WORD - 1)}…` : f.word,
+          shown(f.word, WIDEST_WORD),
         ]),
       ]),
     );
   }
   if (status.omitted > 0) lines.push(`… and ${status.omitted} more (narrow with --provider, --machine or --consumer)`);
   if (status.outOfShape.length > 0) {
-    lines.push("", `out of shape (${status.outOfShape.length}):`, ...status.outOfShape.map((o) => `  ${o.key}: ${o.reason}`));
+    lines.push("", `out of shape (${status.outOfShape.length}):`, ...status.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`));
   }
   const { kinds, compiledAt } = status.registry;
   lines.push(

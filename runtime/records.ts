@@ -1,3 +1,4 @@
+import { z } from "zod";
 import type { WriteBucket } from "./buckets.ts";
 import { RevisionConflict } from "./buckets.ts";
 import type { Refused, Run, RuntimeRecords } from "./define.ts";
@@ -14,9 +15,28 @@ export interface Recorder extends RuntimeRecords {
 }
 
 const decoder = new TextDecoder();
-const json = (value: Uint8Array): unknown => JSON.parse(decoder.decode(value));
 
-/** Records over the runtime's bucket `<seat>_runtime`; keys `ran.<function>`, `refused.<function>`. */
+const refusedRecord = z.object({
+  count: z.number().int().min(0),
+  last: z.object({ subject: z.string(), reason: z.string(), at: z.string() }).optional(),
+});
+const runRecord = z.object({ at: z.iso.datetime(), trigger: z.enum(["cron", "start"]) });
+
+/** A record's value read with `schema`; `undefined` when it is not that (written by hand, damaged). */
+function read<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
+  try {
+    const parsed = schema.safeParse(JSON.parse(decoder.decode(value)));
+    return parsed.success ? parsed.data : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Records over the runtime's bucket `<seat>_runtime`; keys `ran.<function>`, `refused.<function>`.
+ * A record that cannot be read counts as none (and is overwritten by the next one), so a damaged
+ * record never stops a function that reads the records.
+ */
 export function recorder(bucket: WriteBucket): Recorder {
   return {
     async ran(fn, run) {
@@ -26,7 +46,7 @@ export function recorder(bucket: WriteBucket): Recorder {
       const key = `refused.${fn}`;
       for (let attempt = 0; ; attempt++) {
         const kept = await bucket.get(key);
-        const count = kept === null ? 1 : (json(kept.value) as Refused).count + 1;
+        const count = (kept === null ? 0 : (read(refusedRecord, kept.value)?.count ?? 0)) + 1;
         const value = JSON.stringify({ count, last });
         try {
           await (kept === null ? bucket.create(key, value) : bucket.update(key, value, kept.revision));
@@ -38,15 +58,14 @@ export function recorder(bucket: WriteBucket): Recorder {
     },
     async lastRun(name) {
       const kept = await bucket.get(`ran.${name}`);
-      if (kept === null) return null;
-      const { at, trigger } = json(kept.value) as { at: string; trigger: Run["trigger"] };
-      return { at: new Date(at), trigger };
+      const run = kept === null ? undefined : read(runRecord, kept.value);
+      return run === undefined ? null : { at: new Date(run.at), trigger: run.trigger };
     },
     async refusedEvents() {
       const byFunction: Record<string, Refused> = {};
       let count = 0;
       for (const entry of await bucket.list("refused.*")) {
-        const refused = json(entry.value) as Refused;
+        const refused = read(refusedRecord, entry.value) ?? { count: 0 };
         byFunction[entry.key.slice("refused.".length)] = refused;
         count += refused.count;
       }

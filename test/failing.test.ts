@@ -4,7 +4,8 @@ import {
   applyEvent,
   failingEvent,
   failingOf,
-  instant,
+  compareTimes,
+  decide,
   keptOf,
   keptWord,
   MAX_WORD,
@@ -22,18 +23,21 @@ import { testBus } from "./helpers.ts";
 const bytes = (value: unknown) => new TextEncoder().encode(JSON.stringify(value));
 
 describe("event times", () => {
-  it("orders RFC 3339 times by their instant, to the nanosecond, whatever the offset", () => {
-    expect(instant("2026-11-29T12:00:00Z")).toBe(instant("2026-11-29T13:00:00+01:00"));
-    expect(instant("2026-11-29T12:00:00.000000001Z") > instant("2026-11-29T12:00:00Z")).toBe(true);
-    expect(instant("2026-11-29T12:00:00.1234567891Z")).toBe(instant("2026-11-29T12:00:00.123456789Z"));
-    expect(instant("2026-11-29t12:00:00.5z")).toBe(instant("2026-11-29T12:00:00.500Z"));
+  it("orders RFC 3339 times by their instant, to the last digit of the fraction, whatever the offset", () => {
+    expect(compareTimes("2026-11-29T12:00:00Z", "2026-11-29T13:00:00+01:00")).toBe(0);
+    expect(compareTimes("2026-11-29T12:00:00.000000001Z", "2026-11-29T12:00:00Z")).toBe(1);
+    expect(compareTimes("2026-11-29T12:00:00.0000000001Z", "2026-11-29T12:00:00.0000000009Z")).toBe(-1);
+    expect(compareTimes("2026-11-29t12:00:00.5z", "2026-11-29T12:00:00.500Z")).toBe(0);
+    expect(compareTimes("1969-12-31T23:59:59.9Z", "1970-01-01T00:00:00Z")).toBe(-1);
+    expect(compareTimes("0000-01-01T00:00:00Z", "9999-12-31T23:59:59.999Z")).toBe(-1);
   });
 
   it("takes RFC 3339 with an offset and nothing else", () => {
     for (const good of ["2026-11-29T12:00:00Z", "2026-11-29T12:00:00.123+05:30", "2026-11-29t12:00:00z"]) {
       expect(rfc3339.safeParse(good).success).toBe(true);
     }
-    for (const bad of ["yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000]) {
+    // The last two are after 9999 and before 0000 once in UTC: no RFC 3339 can say them.
+    for (const bad of ["yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000, "9999-12-31T23:59:59-12:00", "0000-01-01T00:00:00+01:00"]) {
       expect(rfc3339.safeParse(bad).success).toBe(false);
     }
   });
@@ -107,6 +111,39 @@ describe("the failing bucket's records", () => {
   });
 });
 
+describe("deciding what an event does", () => {
+  const t = (m: number) => `2026-11-29T12:${String(m).padStart(2, "0")}:00Z`;
+  const failing = (m: number, word = `w${m}`) => ({ kind: "failing" as const, event: { machine: "m", consumer: "c", word, at: t(m) } });
+  const recovered = (m: number) => ({ kind: "recovered" as const, event: { machine: "m", consumer: "c", at: t(m) } });
+  const kept = (since: number, at: number) => ({ state: "failing" as const, revision: 3, word: "kept", since: t(since), at: t(at) });
+  const remembered = (at: number) => ({ state: "recovered" as const, revision: 3, at: t(at), since: t(0) });
+  const none = { state: "none" as const, revision: 0 };
+
+  it("raises, updates, recovers and remembers newer events", () => {
+    expect(decide(none, failing(5))).toEqual({ change: "raised", write: { put: { word: "w5", since: t(5), at: t(5) } } });
+    expect(decide(kept(1, 5), failing(6))).toEqual({ change: "updated", write: { put: { word: "w6", since: t(1), at: t(6) } } });
+    expect(decide(kept(1, 5), recovered(6))).toEqual({ change: "recovered", write: { recover: { recovered: t(6), since: t(1) } } });
+    expect(decide(none, recovered(6))).toEqual({ change: "remembered", write: { recover: { recovered: t(6) } } });
+    expect(decide(remembered(6), recovered(7))).toEqual({ change: "remembered", write: { recover: { recovered: t(7), since: t(0) } } });
+    expect(decide(remembered(6), failing(7))).toEqual({ change: "raised", write: { put: { word: "w7", since: t(7), at: t(7) } } });
+  });
+
+  it("changes nothing for older or same events, a failing winning a tie", () => {
+    expect(decide(kept(1, 5), failing(5))).toEqual({ change: "older" });
+    expect(decide(kept(1, 5), failing(4))).toEqual({ change: "older" });
+    expect(decide(kept(1, 5), recovered(5))).toEqual({ change: "older" });
+    expect(decide(kept(1, 5), recovered(1))).toEqual({ change: "older" });
+    expect(decide(remembered(6), failing(5))).toEqual({ change: "older" });
+    expect(decide(remembered(6), recovered(6))).toEqual({ change: "older" });
+    expect(decide(remembered(6), failing(6)).change).toBe("raised");
+  });
+
+  it("restarts the streak at the kept failing when a recovery between since and at arrives late", () => {
+    // Published F(1), R(3), F(5); R applied last: the streak began at 5, not 1.
+    expect(decide(kept(1, 5), recovered(3))).toEqual({ change: "restarted", write: { put: { word: "kept", since: t(5), at: t(5) } } });
+  });
+});
+
 describe("applying events, newest wins", () => {
   let bus: TestBus;
   let bucket: WriteBucket;
@@ -140,22 +177,30 @@ describe("applying events, newest wins", () => {
     await fc.assert(
       fc.asyncProperty(
         fc.uniqueArray(fc.integer({ min: 0, max: 3600 }), { minLength: 1, maxLength: 12 }).chain((seconds) =>
-          fc.tuple(fc.constant(seconds), fc.array(fc.boolean(), { minLength: seconds.length, maxLength: seconds.length }), fc.boolean()),
+          fc.tuple(fc.constant(seconds), fc.array(fc.boolean(), { minLength: seconds.length, maxLength: seconds.length }), fc.boolean(), fc.boolean()),
         ),
-        async ([seconds, failing, together]) => {
+        async ([seconds, failing, together, ordered]) => {
           const consumer = `c${run++}`;
           const events = seconds.map((s, i) =>
             failing[i]
               ? { kind: "failing" as const, event: { machine: "m", consumer, word: `w${s}`, at: t(s) } }
               : { kind: "recovered" as const, event: { machine: "m", consumer, at: t(s) } },
           );
-          if (together) await Promise.all(events.map((e) => applyEvent(bucket, "q", e)));
-          else for (const e of events) await applyEvent(bucket, "q", e);
+          // In the order they happened, or in the order drawn, one by one or all at once.
+          const order = ordered ? [...events].sort((a, b) => (a.event.at < b.event.at ? -1 : 1)) : events;
+          if (together) await Promise.all(order.map((e) => applyEvent(bucket, "q", e)));
+          else for (const e of order) await applyEvent(bucket, "q", e);
           const newest = events.reduce((a, b) => (b.event.at > a.event.at ? b : a));
           const kept = keptOf(await bucket.last(`q.m.${consumer}`));
           expect(kept.state).toBe(newest.kind);
-          if (kept.state === "failing") expect(kept.word).toBe(`w${seconds[events.indexOf(newest)]}`);
           expect(kept.state !== "none" && kept.at).toBe(newest.event.at);
+          if (kept.state !== "failing") return;
+          expect(kept.word).toBe(`w${seconds[events.indexOf(newest)]}`);
+          // The streak truly began at the first failing after the last recovery before the newest.
+          const lastRecovery = events.filter((e) => e.kind === "recovered").map((e) => e.event.at).sort().at(-1) ?? "";
+          const start = events.filter((e) => e.kind === "failing" && e.event.at > lastRecovery).map((e) => e.event.at).sort()[0]!;
+          if (!together && ordered) expect(kept.since).toBe(start);
+          expect(kept.since >= start && kept.since <= kept.at).toBe(true);
         },
       ),
       { numRuns: 40 },

@@ -17,23 +17,43 @@ export const COMPILE_FUNCTION = "registry-compile";
 /** The longest failing word kept, in characters; a longer one is cut, never refused. */
 export const MAX_WORD = 1024;
 
-const FRACTION = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/;
+const PARTS = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/;
 
-/**
- * An RFC 3339 time as nanoseconds since the epoch, so events of one millisecond still order
- * by their full fraction. `at` must have passed {@link rfc3339}.
- */
-export function instant(at: string): bigint {
-  const [, seconds, fraction = "", zone] = FRACTION.exec(at.toUpperCase())!;
-  return BigInt(Date.parse(`${seconds}${zone}`)) * 1_000_000n + BigInt(fraction.padEnd(9, "0").slice(0, 9));
+/** A time's whole seconds since the epoch and its fraction's digits, trailing zeros dropped. */
+function parts(at: string): { seconds: number; fraction: string } {
+  const [, whole, fraction = "", zone] = PARTS.exec(at.toUpperCase())!;
+  return { seconds: Date.parse(`${whole}${zone}`) / 1000, fraction: fraction.replace(/0+$/, "") };
 }
 
-/** An RFC 3339 time with its offset (`2026-11-29T18:00:00Z`, `…T19:00:00.5+01:00`). */
+/**
+ * Orders two RFC 3339 times by the instant they name, whatever their offsets, to the last digit
+ * of their fractions: negative when `a` is earlier, 0 when they are the same instant. Both must
+ * have passed {@link rfc3339}.
+ */
+export function compareTimes(a: string, b: string): number {
+  const x = parts(a);
+  const y = parts(b);
+  if (x.seconds !== y.seconds) return x.seconds < y.seconds ? -1 : 1;
+  const width = Math.max(x.fraction.length, y.fraction.length);
+  const [p, q] = [x.fraction.padEnd(width, "0"), y.fraction.padEnd(width, "0")];
+  return p < q ? -1 : p > q ? 1 : 0;
+}
+
+/** Whether a time string names an instant in the years 0000 to 9999 once in UTC. */
+function inRange(at: string): boolean {
+  const ms = Date.parse(at);
+  return !Number.isNaN(ms) && /^\d{4}-/.test(new Date(ms).toISOString());
+}
+
+/**
+ * An RFC 3339 time with its offset (`2026-11-29T18:00:00Z`, `…T19:00:00.5+01:00`), naming an
+ * instant of the years 0000 to 9999 in UTC (so it can be written back as RFC 3339).
+ */
 export const rfc3339 = z
   .string()
   .refine(
-    (s) => z.iso.datetime({ offset: true }).safeParse(s.toUpperCase()).success && FRACTION.test(s.toUpperCase()) && !Number.isNaN(Date.parse(s)),
-    "must be an RFC 3339 time with an offset, e.g. 2026-11-29T18:00:00Z",
+    (s) => PARTS.test(s.toUpperCase()) && z.iso.datetime({ offset: true }).safeParse(s.toUpperCase()).success && inRange(s),
+    "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z",
   );
 
 const triple = { machine: token, consumer: token, at: rfc3339 };
@@ -108,42 +128,65 @@ export function keptOf(record: KeyRecord | null): Kept {
 }
 
 /** What one event did to the state. */
-export type Change = "raised" | "updated" | "recovered" | "remembered" | "older";
+export type Change = "raised" | "updated" | "restarted" | "recovered" | "remembered" | "older";
 
 /** The key of a triple in the failing bucket (SPEC §2): `<provider>.<machine>.<consumer>`. */
 export const failingKey = (provider: string, machine: string, consumer: string) => `${provider}.${machine}.${consumer}`;
 
+type Event = { kind: "failing"; event: FailingEvent } | { kind: "recovered"; event: RecoveredEvent };
+type Write = { put: { word: string; since: string; at: string } } | { recover: { recovered: string; since?: string } };
+
 /**
- * Applies one event to the failing bucket (SPEC §5), newest wins by `at`:
- * - an event no newer than what is kept for its triple changes nothing (`older`; the same
- *   event delivered twice is one of these);
- * - a failing writes `{ word, since, at }`, keeping `since` while the triple was already failing
- *   (`updated`), else starting the streak at `at` (`raised`);
- * - a recovered deletes the key, its delete marker keeping `{ recovered, since }` so that an
- *   older failing arriving later does not raise it again (`recovered`, or `remembered` when
- *   nothing was failing).
- * Every write is compare-and-set on the key's last revision, read again on a conflict, so
- * replicas applying events of one triple at once never lose one.
+ * What an event does to what is kept for its triple (SPEC §5), newest wins by `at`:
+ * - a failing newer than what is kept writes its word and `at`, keeping `since` while the
+ *   triple was failing (`updated`), else starting the streak at its `at` (`raised`);
+ * - a recovered newer than the kept failing removes it (`recovered`); newer than a recovery or
+ *   nothing, it is remembered (`remembered`), so a failing older than it arriving later does
+ *   not raise the triple again;
+ * - a recovered between the kept failing's `since` and `at` ended that streak: a failing came
+ *   after it, so the streak now starts at the kept `at`, the first failing known after it
+ *   (`restarted`);
+ * - anything else is older or the same and changes nothing (`older`): the same event twice is
+ *   one of these. A failing and a recovered of the same instant: the failing wins.
  */
-export async function applyEvent(
-  bucket: WriteBucket,
-  provider: string,
-  event: { kind: "failing"; event: FailingEvent } | { kind: "recovered"; event: RecoveredEvent },
-): Promise<Change> {
-  const { machine, consumer, at } = event.event;
+export function decide(kept: Kept, event: Event): { change: Change; write?: Write } {
+  const { at } = event.event;
+  if (event.kind === "failing") {
+    if (kept.state === "failing") {
+      if (compareTimes(at, kept.at) <= 0) return { change: "older" };
+      return { change: "updated", write: { put: { word: keptWord(event.event.word), since: kept.since, at } } };
+    }
+    if (kept.state === "recovered" && compareTimes(at, kept.at) < 0) return { change: "older" };
+    return { change: "raised", write: { put: { word: keptWord(event.event.word), since: at, at } } };
+  }
+  if (kept.state === "failing") {
+    if (compareTimes(at, kept.at) > 0) return { change: "recovered", write: { recover: { recovered: at, since: kept.since } } };
+    if (compareTimes(at, kept.since) > 0 && compareTimes(at, kept.at) < 0) {
+      return { change: "restarted", write: { put: { word: kept.word, since: kept.at, at: kept.at } } };
+    }
+    return { change: "older" };
+  }
+  if (kept.state === "recovered" && compareTimes(at, kept.at) <= 0) return { change: "older" };
+  const since = kept.state === "recovered" ? kept.since : undefined;
+  return { change: "remembered", write: { recover: { recovered: at, ...(since ? { since } : {}) } } };
+}
+
+/**
+ * Applies one event of `provider` to the failing bucket as {@link decide} says: a failing's
+ * `{ word, since, at }` is the key's value; a recovery deletes the key, its delete marker
+ * keeping `{ recovered, since }`. Every write is compare-and-set on the key's last revision,
+ * decided again on a conflict, so replicas applying events of one triple at once never lose one.
+ */
+export async function applyEvent(bucket: WriteBucket, provider: string, event: Event): Promise<Change> {
+  const { machine, consumer } = event.event;
   const key = failingKey(provider, machine, consumer);
   for (let attempt = 0; ; attempt++) {
     const kept = keptOf(await bucket.last(key));
-    if (kept.state !== "none" && instant(at) <= instant(kept.at)) return "older";
+    const { change, write } = decide(kept, event);
     try {
-      if (event.kind === "failing") {
-        const since = kept.state === "failing" ? kept.since : at;
-        await bucket.update(key, JSON.stringify({ word: keptWord(event.event.word), since, at }), kept.revision);
-        return kept.state === "failing" ? "updated" : "raised";
-      }
-      const since = kept.state === "failing" || kept.state === "recovered" ? kept.since : undefined;
-      await bucket.delete(key, { revision: kept.revision, value: JSON.stringify({ recovered: at, ...(since ? { since } : {}) }) });
-      return kept.state === "failing" ? "recovered" : "remembered";
+      if (write !== undefined && "put" in write) await bucket.update(key, JSON.stringify(write.put), kept.revision);
+      if (write !== undefined && "recover" in write) await bucket.delete(key, { revision: kept.revision, value: JSON.stringify(write.recover) });
+      return change;
     } catch (err) {
       if (!(err instanceof RevisionConflict) || attempt === 50) throw err;
     }
@@ -176,7 +219,7 @@ export interface Status {
   readonly failing: Failing[];
   /** Keys of the failing bucket that are no triple or hold no failing value: failing all the same. */
   readonly outOfShape: { key: string; reason: string }[];
-  /** Failing triples left out because the answer would not fit in one reply. */
+  /** Keys left out (out of shape first, then failing triples) because the answer would not fit in one reply. */
   readonly omitted: number;
   readonly registry: { readonly kinds: string[]; readonly compiledAt: string | null };
   /** Events the follower refused (not JSON, or not an event), since the bucket was made. */
@@ -217,8 +260,8 @@ const HEADROOM = 1024;
 /**
  * Status (SPEC §5) of what `request` narrows to, from the failing and registry buckets and
  * the runtime's count of refused events. `well` is false while any reached key is failing or
- * out of shape. When the answer would not fit in `maxPayload`, the last failing triples are
- * left out and counted in `omitted`.
+ * out of shape. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
+ * last failing triples are left out, and counted in `omitted`.
  */
 export async function readStatus(
   request: StatusRequest,
@@ -241,8 +284,17 @@ export async function readStatus(
     registry: { kinds: kinds.map((e) => e.key), compiledAt: compiled?.at.toISOString() ?? null },
     rejectedEvents: refused.count,
   };
-  let size = Buffer.byteLength(JSON.stringify(status));
-  let kept = failing.length;
-  while (size > maxPayload - HEADROOM && kept > 0) size -= Buffer.byteLength(JSON.stringify(failing[--kept])) + 1;
-  return kept === failing.length ? status : { ...status, failing: failing.slice(0, kept), omitted: failing.length - kept };
+  return fitted(status, maxPayload - HEADROOM);
+}
+
+/** `status` cut to `budget` bytes of JSON: out-of-shape keys go first, then failing triples from the end. */
+function fitted(status: Status, budget: number): Status {
+  const itemBytes = (item: unknown) => Buffer.byteLength(JSON.stringify(item)) + 1;
+  let size = Buffer.byteLength(JSON.stringify(status)) + 16; // room for a larger `omitted`
+  const outOfShape = [...status.outOfShape];
+  const failing = [...status.failing];
+  while (size > budget && outOfShape.length > 0) size -= itemBytes(outOfShape.pop());
+  while (size > budget && failing.length > 0) size -= itemBytes(failing.pop());
+  const omitted = status.failing.length - failing.length + status.outOfShape.length - outOfShape.length;
+  return omitted === 0 ? status : { ...status, failing, outOfShape, omitted };
 }

@@ -1,0 +1,87 @@
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { STATUS, type Status } from "../functions/_lib/failing.ts";
+import { formatStatus, failingFor } from "../cli/status.ts";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { request, startSet, testBus, until } from "./helpers.ts";
+
+const MAX_PAYLOAD = 64 * 1024;
+let bus: TestBus;
+let seat: NatsConnection;
+let set: Running;
+
+beforeAll(async () => {
+  bus = await testBus({ maxPayload: MAX_PAYLOAD });
+  seat = await bus.connect();
+  set = await startSet(bus);
+});
+afterAll(async () => {
+  await set.stop();
+  await bus.stop();
+});
+
+describe("status at its limits", () => {
+  it("fits in max_payload, keeping failing triples before out-of-shape keys, and counts what it left out", async () => {
+    const failing = await bus.kv("failing");
+    const value = JSON.stringify({ word: "w", since: "2026-11-29T12:00:00Z", at: "2026-11-29T12:00:00Z" });
+    await Promise.all(Array.from({ length: 50 }, (_, i) => failing.put(`p.m.c${i}`, value)));
+    await Promise.all(Array.from({ length: 1000 }, (_, i) => failing.put(`stray.${"x".repeat(100)}${i}`, "not json")));
+    const reply = await request(seat, STATUS, {});
+    expect(reply.errorCode).toBeUndefined();
+    expect(reply.bytes).toBeLessThanOrEqual(MAX_PAYLOAD);
+    const status = reply.body as Status;
+    expect(status.well).toBe(false);
+    expect(status.failing).toHaveLength(50);
+    expect(status.outOfShape.length).toBeGreaterThan(0);
+    expect(status.outOfShape.length + status.omitted).toBe(1000);
+    const http = (await (await fetch(`${set.httpUrl}/status`)).json()) as Status;
+    expect(http.omitted).toBe(status.omitted);
+  });
+
+  it("answers when a record of the runtime is damaged, and counts from it again", async () => {
+    const records = await bus.kv("mesh-provisioner_runtime");
+    await records.put("refused.provider-failing", "garbage");
+    await records.put("ran.registry-compile", "garbage");
+    const reply = await request(seat, STATUS, { provider: "p" });
+    expect(reply.errorCode).toBeUndefined();
+    expect(reply.body).toMatchObject({ rejectedEvents: 0, registry: { compiledAt: null } });
+    await seat.jetstream().publish("p.provisioner.failing", "not json");
+    await until(async () => (await request(seat, STATUS, { provider: "p" })).body.rejectedEvents === 1);
+  });
+});
+
+describe("status as the CLI prints it", () => {
+  const now = new Date("2026-11-29T15:12:30Z");
+  const status = (word: string): Status => ({
+    well: false,
+    failing: [{ provider: "keycloak", machine: "dogwood", consumer: "grafana", word, since: "2026-11-29T12:00:00Z", at: "2026-11-29T15:00:00Z" }],
+    outOfShape: [],
+    omitted: 0,
+    registry: { kinds: ["config", "secret"], compiledAt: "2026-11-29T15:00:00.000Z" },
+    rejectedEvents: 2,
+  });
+
+  it("says how long each has failed, in two units", () => {
+    expect(failingFor("2026-11-29T12:00:00Z", now)).toBe("3h12m");
+    expect(failingFor("2026-11-29T15:12:00Z", now)).toBe("30s");
+    expect(failingFor("2026-11-27T15:00:00Z", now)).toBe("2d12m");
+    expect(failingFor("2026-11-29T16:00:00Z", now)).toBe("0s");
+  });
+
+  it("prints a table, writing control characters out and cutting long words whole", () => {
+    expect(formatStatus(status("invalid_client"), now).split("\n")).toEqual([
+      "NOT WELL: 1 failing",
+      "",
+      "PROVIDER  MACHINE  CONSUMER  FAILING FOR  WORD",
+      "keycloak  dogwood  grafana   3h12m        invalid_client",
+      "",
+      "registry: 2 kinds, compiled 12m30s ago (2026-11-29T15:00:00.000Z)",
+      "rejected events: 2",
+    ]);
+    const hostile = formatStatus(status("a\u0000b\n\u001b[31mred"), now).split("\n")[3]!;
+    expect(hostile.endsWith("a\\u0000b\\u000a\\u001b[31mred")).toBe(true);
+    const long = formatStatus(status("😀".repeat(100)), now).split("\n")[3]!;
+    expect(long.endsWith(`${"😀".repeat(79)}…`)).toBe(true);
+  });
+});
