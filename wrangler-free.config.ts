@@ -15,8 +15,8 @@ export default defineConfig({
 
   // SPEC §2. Functions name buckets by these keys in their `access`.
   buckets: {
-    registry: { bucket: "mesh-provisioner_registry", writtenBy: "seat" },
-    needs: { bucket: "mesh-provisioner_needs", writtenBy: "nodes" },
+    registry: { bucket: "mesh-provisioner_registry", writtenBy: "seat", readBy: ["nodes"] },
+    needs: { bucket: "mesh-provisioner_needs", writtenBy: "nodes", readBy: ["providers"] },
     applied: { bucket: "mesh-provisioner_applied", writtenBy: "nodes" },
     collect: { bucket: "mesh-provisioner_collect", writtenBy: "nodes" },
     failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
@@ -27,15 +27,13 @@ export default defineConfig({
     events: { stream: "mesh-provisioner_events", maxAgeSeconds: 7 * 24 * 60 * 60 },
   },
 
-  // The embedded server's users. Nodes (the demo mesh's) each write only `<node>.>`; providers
-  // each publish only their own failing/recovered and read the needs.
+  // SPEC §5: what a provider publishes, `{provider}` being its name.
+  providers: { publish: ["{provider}.provisioner.failing", "{provider}.provisioner.recovered"] },
+
+  // The embedded server's users besides the seat (the demo mesh's nodes and providers).
   embedded: {
     nodes: ["alder", "birch", "cedar", "dogwood"],
-    providers: {
-      users: ["keycloak", "postgres", "mesh-vault"],
-      publish: ["{user}.provisioner.failing", "{user}.provisioner.recovered"],
-      reads: ["needs"],
-    },
+    providers: ["keycloak", "postgres", "mesh-vault"],
   },
 
   // SPEC §5, optional: raise failing providers to Prometheus Alertmanager.

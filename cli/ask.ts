@@ -65,11 +65,11 @@ const COLUMNS: Record<Answer["what"], readonly string[]> = {
 const WIDEST_VALUE = 72;
 
 /**
- * Text as a table cell shows it: control characters (which could break the table or drive the
- * terminal) written as `\uXXXX`, and at most `width` characters, a longer text cut with `…`.
+ * Text as a table cell shows it: control and format characters (which could break the table,
+ * drive the terminal or reorder what it shows) written as `\uXXXX`, and at most `width` characters, a longer text cut with `…`.
  */
 export function shown(text: string, width: number): string {
-  const safe = text.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  const safe = text.replace(/[\p{Cc}\p{Cf}\u2028\u2029]/gu, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
   const chars = [...safe];
   return chars.length > width ? `${chars.slice(0, width - 1).join("")}…` : safe;
 }

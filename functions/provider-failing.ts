@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, failingEvent, providerOf } from "./_lib/failing.ts";
+import { applyEvent, notAhead, failingEvent, providerOf } from "./_lib/failing.ts";
 
 /** SPEC §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({
@@ -9,6 +9,7 @@ export default defineFunction({
   access: { writes: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
+    notAhead(event.at, ctx.clock.now());
     const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event });
     ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
     return { change };

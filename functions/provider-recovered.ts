@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, providerOf, recoveredEvent } from "./_lib/failing.ts";
+import { applyEvent, notAhead, providerOf, recoveredEvent } from "./_lib/failing.ts";
 
 /** SPEC §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({
@@ -9,6 +9,7 @@ export default defineFunction({
   access: { writes: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
+    notAhead(event.at, ctx.clock.now());
     const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event });
     ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
     return { change };

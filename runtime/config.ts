@@ -15,6 +15,8 @@ const bucketSchema = z.strictObject({
   bucket: name,
   /** Who writes it: the seat itself, or each node its own `<node>.>` keys (SPEC §2). */
   writtenBy: z.enum(["seat", "nodes"]),
+  /** Who else reads all of it: nodes (e.g. the registry), providers (e.g. the needs). */
+  readBy: z.array(z.enum(["nodes", "providers"])).default([]),
   /** Values kept per key. */
   history: z.number().int().min(1).max(64).default(1),
 });
@@ -65,23 +67,23 @@ export const configSchema = z.looseObject({
    * its triggers and is asserted at start.
    */
   streams: z.record(name, streamSchema).default({}),
+  /** What every provider may publish: subjects, `{provider}` standing for its name. */
+  providers: z
+    .strictObject({
+      publish: z
+        .array(z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, "must be a subject, `{provider}` allowed"))
+        .default([]),
+    })
+    .default({ publish: [] }),
   /** The embedded nats-server's users besides the seat. */
   embedded: z
     .strictObject({
       /** One user per node: writes its own `<node>.>` keys of node-written buckets. */
       nodes: z.array(nodeName).default([]),
-      /** One user per provider: publishes `publish` (`{user}` is its name), reads `reads`. */
-      providers: z
-        .strictObject({
-          users: z.array(nodeName).default([]),
-          publish: z
-            .array(z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, "must be a subject, `{user}` allowed"))
-            .default([]),
-          reads: z.array(name).default([]),
-        })
-        .default({ users: [], publish: [], reads: [] }),
+      /** One user per provider. */
+      providers: z.array(nodeName).default([]),
     })
-    .default({ nodes: [], providers: { users: [], publish: [], reads: [] } }),
+    .default({ nodes: [], providers: [] }),
 });
 
 /** What `wrangler-free.config.ts` may hold (fields with defaults may be left out). */

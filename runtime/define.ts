@@ -59,6 +59,11 @@ export interface Context<Reads extends string = never, Writes extends string = n
   readonly limits: { readonly maxPayload: number };
   /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
   readonly runtime: RuntimeRecords;
+  /**
+   * Publishes on the shared connection (core NATS, no acknowledgement). Throws an
+   * `AccessError` unless `subject` matches one of the definition's `access.publishes`.
+   */
+  publish(subject: string, data?: Uint8Array | string): void;
 }
 
 /** A function's last successful scheduled run (cron or start). */
@@ -96,8 +101,16 @@ export interface FunctionDefinition<
   readonly input?: Input;
   /** Schema of the config fields the function reads; checked against the config at start. */
   readonly config?: Config;
-  /** Buckets (by their name in the config's `buckets`) the function reads and writes. */
-  readonly access?: { readonly reads?: readonly Reads[]; readonly writes?: readonly Writes[] };
+  /**
+   * What the function may touch: buckets (by their name in the config's `buckets`) it reads and
+   * writes, and subjects (wildcards allowed) it publishes. The seat's permissions are derived
+   * from these, and `ctx` hands out nothing else.
+   */
+  readonly access?: {
+    readonly reads?: readonly Reads[];
+    readonly writes?: readonly Writes[];
+    readonly publishes?: readonly string[];
+  };
   readonly handler: (
     input: z.output<Input>,
     ctx: Context<Reads, Writes, z.output<Config>>,
@@ -135,13 +148,11 @@ const subjectTrigger = z.strictObject({
     .string()
     .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces"),
 });
+/** A subject, or a pattern of one: tokens or `*`, a final `>`; no spaces. */
+const SUBJECT_PATTERN = /^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$/;
+
 const eventTrigger = z.strictObject({
-  event: z
-    .string()
-    .regex(
-      /^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$/,
-      "must be a NATS subject (tokens, `*`, a final `>`) without spaces",
-    ),
+  event: z.string().regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces"),
   stream: z.string().min(1).optional(),
 });
 const cronTrigger = z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() });
@@ -167,7 +178,11 @@ export const definitionSchema = z.strictObject({
   input: zodSchema.optional(),
   config: zodObject.optional(),
   access: z
-    .strictObject({ reads: bucketNames.optional(), writes: bucketNames.optional() })
+    .strictObject({
+      reads: bucketNames.optional(),
+      writes: bucketNames.optional(),
+      publishes: z.array(z.string().regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`)")).readonly().optional(),
+    })
     .optional(),
   handler: z.custom<(...args: unknown[]) => unknown>(
     (value) => typeof value === "function",

@@ -49,3 +49,12 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
     })
     .join("; ");
 }
+
+/**
+ * A function used what it did not declare in `access` (SPEC §6): a bucket it does not read or
+ * write, a write through a read handle, a subject it does not publish. Raised in-process,
+ * before anything reaches the server; the message names the function and the bucket or subject.
+ */
+export class AccessError extends Error {
+  override readonly name = "AccessError";
+}

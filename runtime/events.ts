@@ -28,7 +28,7 @@ export function backoff(deliveries: number): number {
 }
 
 /** A `{ event, stream }` trigger's durable consumer: the function's name, `-<n>` from its second one. */
-const durableOf = (fn: LoadedFunction, i: number) => (i === 0 ? fn.name : `${fn.name}-${i + 1}`);
+export const durableOf = (fn: LoadedFunction, i: number) => (i === 0 ? fn.name : `${fn.name}-${i + 1}`);
 
 /** The subjects each configured stream must capture: the `event` of every trigger naming it. */
 export function streamSubjects(functions: readonly LoadedFunction[]): Map<string, string[]> {

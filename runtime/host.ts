@@ -3,7 +3,7 @@ import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { BucketConfig, Config } from "./config.ts";
 import type { Clock, Context, TriggerInfo } from "./define.ts";
-import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
+import { AccessError, formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { recordsBucket, recorder, type Recorder } from "./records.ts";
 
@@ -38,6 +38,37 @@ export interface HostOptions {
   readonly clock?: Clock;
 }
 
+/** Whether `subject` matches a NATS subject `pattern` (`*` one token, a final `>` one or more). */
+export function subjectMatches(pattern: string, subject: string): boolean {
+  const want = pattern.split(".");
+  const got = subject.split(".");
+  for (let i = 0; i < want.length; i++) {
+    if (want[i] === ">") return got.length > i;
+    if (i >= got.length || (want[i] !== "*" && want[i] !== got[i])) return false;
+  }
+  return want.length === got.length;
+}
+
+/** A read handle that refuses, naming the function and bucket, any write tried through it. */
+function readOnly(fn: string, handle: ReadBucket): ReadBucket {
+  const refuse = (op: string) => () => {
+    throw new AccessError(`function ${fn} cannot ${op} in bucket ${handle.bucket}: it declares the bucket in access.reads, not access.writes`);
+  };
+  return Object.freeze({ ...handle, create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") });
+}
+
+/** `ctx.buckets`: asking for a bucket of the config the function did not declare throws, naming both. */
+function guarded(fn: string, buckets: Readonly<Record<string, ReadBucket | WriteBucket>>, known: readonly string[]) {
+  return new Proxy(buckets, {
+    get(target, key, receiver) {
+      if (typeof key === "string" && !(key in target) && known.includes(key)) {
+        throw new AccessError(`function ${fn} uses bucket ${key}, which its access does not declare`);
+      }
+      return Reflect.get(target, key, receiver);
+    },
+  });
+}
+
 /** The runtime's own bucket among the opened ones; no config name can be this. */
 const RECORDS = "<runtime>";
 
@@ -55,7 +86,7 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
   const opened = new Map<string, KV>();
   const all: [string, BucketConfig][] = [
     ...Object.entries(config.buckets),
-    [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", history: 1 }],
+    [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
   ];
   for (const [name, { bucket, history, writtenBy }] of all) {
     const stream = `KV_${bucket}`;
@@ -101,16 +132,25 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     if (shared !== undefined) return shared;
     const { access, config: schema } = fn.definition;
     const buckets: Record<string, ReadBucket | WriteBucket> = {};
-    for (const name of access?.reads ?? []) buckets[name] = readBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+    for (const name of access?.reads ?? []) buckets[name] = readOnly(fn.name, readBucket(kvs.get(name)!, config.buckets[name]!.bucket));
     for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket);
+    const publishes = access?.publishes ?? [];
     shared = {
       function: fn.name,
-      buckets: Object.freeze(buckets) as AnyContext["buckets"],
+      buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets)) as AnyContext["buckets"],
       log: log.child({ function: fn.name }),
       config: schema === undefined ? {} : schema.parse(config),
       clock,
       limits,
       runtime,
+      publish: (subject, data) => {
+        if (!publishes.some((pattern) => subjectMatches(pattern, subject))) {
+          throw new AccessError(
+            `function ${fn.name} publishes ${subject}, which its access.publishes (${publishes.join(", ") || "none"}) does not name`,
+          );
+        }
+        nc.publish(subject, data);
+      },
     };
     perFunction.set(fn, shared);
     return shared;

@@ -127,6 +127,8 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
           problems.push(
             `${shown(fn.file)}: access.${side}: no bucket "${bucket}" in the config (it has ${buckets.join(", ")})`,
           );
+        } else if (side === "writes" && config.buckets[bucket]!.writtenBy !== "seat") {
+          problems.push(`${shown(fn.file)}: access.writes: bucket "${bucket}" is written by nodes only (SPEC §2), never by the seat`);
         }
       }
     }

@@ -2,6 +2,8 @@ import { readFileSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from "nats";
 import { configPath, type Config } from "./config.ts";
 import { findEmbedded, startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
+import { loadFunctions, type LoadedFunction } from "./loader.ts";
+import { authorization } from "./permissions.ts";
 
 /** A connection to the bus, and the embedded server behind it when this process started one. */
 export interface Session {
@@ -52,11 +54,14 @@ export interface SessionOptions {
   readonly name?: string;
   /** The embedded server's `max_payload`, in bytes. */
   readonly maxPayload?: number;
+  /** The function set whose permissions the embedded server grants; the config's by default. */
+  readonly functions?: readonly LoadedFunction[];
 }
 
 /**
  * Opens the bus for the config: the configured servers with the configured credentials; else
- * the embedded server of the config's state folder, started here or found running.
+ * the embedded server of the config's state folder, found running or started here with the
+ * seat's, nodes' and providers' permissions derived from the function set ({@link authorization}).
  * Throws when none can be reached.
  */
 export async function openSession(config: Config, options: SessionOptions): Promise<Session> {
@@ -77,12 +82,10 @@ export async function openSession(config: Config, options: SessionOptions): Prom
     const nc = await connectTo([running.url], { name, user: credentials.user, pass: credentials.password });
     return { nc, url: running.url, close: () => nc.drain() };
   }
+  const functions = options.functions ?? (await loadFunctions(config));
   const embedded = await startEmbedded({
     stateDir,
-    seat: config.seat,
-    buckets: config.buckets,
-    nodes: config.embedded.nodes,
-    providers: config.embedded.providers,
+    users: authorization(config, functions, config.embedded),
     maxPayload: options.maxPayload,
   });
   try {

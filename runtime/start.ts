@@ -63,7 +63,7 @@ export async function start(options: StartOptions): Promise<Running> {
   const { config } = options;
   const log = options.log ?? createLogger();
   const functions = await loadFunctions(config);
-  const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload });
+  const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload, functions });
   const bindings: Binding[] = [];
   let http: ServerType | undefined;
   let stopping: Promise<void> | undefined;

@@ -8,7 +8,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { KV, NatsConnection } from "nats";
 import type { Config } from "./config.ts";
-import { startEmbedded, type Credentials, type EmbeddedServer, type ProviderUsers } from "./embedded.ts";
+import { startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
+import { loadFunctions, type LoadedFunction } from "./loader.ts";
+import { authorization, type Permissions } from "./permissions.ts";
 import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */
@@ -31,21 +33,30 @@ export interface TestBusOptions {
   /** Node users; the config's embedded nodes by default. */
   readonly nodes?: readonly string[];
   /** Provider users; the config's embedded providers by default. */
-  readonly providers?: ProviderUsers;
+  readonly providers?: readonly string[];
+  /** The function set the users' permissions are derived from; the config's by default. */
+  readonly functions?: readonly LoadedFunction[];
+  /**
+   * The seat's permissions instead of those derived: for tests of the runtime that bind
+   * subjects no function set declares.
+   */
+  readonly seatPermissions?: Permissions;
 }
 
 /**
- * Starts a nats-server for a test from `config` (its seat, buckets and nodes) on a free port,
- * with its store in a new temporary folder.
+ * Starts a nats-server for a test from `config` on a free port, with its store in a new
+ * temporary folder, and the users the embedded default has: the seat, nodes and providers, with
+ * the permissions derived from the function set.
  */
 export async function startTestBus(config: Config, options: TestBusOptions = {}): Promise<TestBus> {
   const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-test-"));
-  const server = await startEmbedded({
-    stateDir: dir,
-    seat: config.seat,
-    buckets: config.buckets,
+  const users = authorization(config, options.functions ?? (await loadFunctions(config)), {
     nodes: options.nodes ?? config.embedded.nodes,
     providers: options.providers ?? config.embedded.providers,
+  });
+  const server = await startEmbedded({
+    stateDir: dir,
+    users: options.seatPermissions ? [{ ...users[0]!, permissions: options.seatPermissions }, ...users.slice(1)] : users,
     maxPayload: options.maxPayload,
   });
   const opened: NatsConnection[] = [];

@@ -3,7 +3,7 @@ import { http, HttpResponse } from "msw";
 import { setupServer } from "msw/node";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { alertsOf, type PostableAlert } from "../functions/_lib/alerts.ts";
+import { alertsOf, postAlerts, type PostableAlert } from "../functions/_lib/alerts.ts";
 import { STATUS } from "../functions/_lib/failing.ts";
 import { invoke, loadFunction, type KeyRecord, type LoadedFunction, type Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
@@ -109,6 +109,24 @@ describe("Alertmanager", () => {
   });
 });
 
+describe("postAlerts", () => {
+  it("sends a user and password of the URL as Basic authorization, and never shows them", async () => {
+    let authorization: string | null = null;
+    alertmanager.use(
+      http.post("http://am.test/api/v2/alerts", ({ request }) => {
+        authorization = request.headers.get("authorization");
+        return HttpResponse.text("no", { status: 400 });
+      }),
+    );
+    const failure = await postAlerts({ alertmanager: "http://am:s3cret@am.test", retries: 0, backoffMs: 1, timeoutMs: 1000 }, []).catch((e: Error) => e);
+    expect(authorization).toBe(`Basic ${Buffer.from("am:s3cret").toString("base64")}`);
+    expect((failure as Error).message).toBe("Alertmanager at http://am.test/api/v2/alerts answered 400: no");
+    const unreachable = await postAlerts({ alertmanager: "http://am:s3cret@127.0.0.1:1", retries: 0, backoffMs: 1, timeoutMs: 1000 }, []).catch((e: Error) => e);
+    expect((unreachable as Error).message).toMatch(/^Alertmanager at http:\/\/127\.0\.0\.1:1\/api\/v2\/alerts cannot be reached: /);
+    expect((unreachable as Error).message).not.toContain("s3cret");
+  });
+});
+
 describe("alertsOf", () => {
   const record = (key: string, value: unknown, deleted: boolean): KeyRecord => ({
     key,
@@ -131,6 +149,21 @@ describe("alertsOf", () => {
     expect(sent.map((a) => [a.labels.consumer, a.startsAt, a.endsAt])).toEqual([
       ["c", "2026-11-29T09:00:00.000Z", undefined],
       ["recent", "2026-11-29T12:00:00.000Z", "2026-11-29T13:30:00.000Z"],
+    ]);
+  });
+
+  it("never sends a time after now, which Alertmanager would refuse or keep firing", () => {
+    const now = new Date("2026-11-29T14:00:00Z");
+    const sent = alertsOf(
+      [
+        record("p.m.ahead", { word: "w", since: "2026-11-29T14:03:00Z", at: "2026-11-29T14:03:00Z" }, false),
+        record("p.m.done", { recovered: "2026-11-29T14:04:00Z", since: "2026-11-29T13:00:00Z" }, true),
+      ],
+      now,
+    );
+    expect(sent.map((a) => [a.labels.consumer, a.startsAt, a.endsAt])).toEqual([
+      ["ahead", "2026-11-29T14:00:00.000Z", undefined],
+      ["done", "2026-11-29T13:00:00.000Z", "2026-11-29T14:00:00.000Z"],
     ]);
   });
 });

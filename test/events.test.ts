@@ -3,16 +3,19 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { start, type Config } from "../runtime/index.ts";
+import { loadFunctions, start, type Config } from "../runtime/index.ts";
+import { startTestBus } from "../runtime/testing.ts";
 import { backoff } from "../runtime/events.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { ROOT, testBus, until } from "./helpers.ts";
+import { projectConfig, ROOT, until } from "./helpers.ts";
 
 const RUNTIME = join(ROOT, "runtime", "index.ts");
 const TMP = join(ROOT, ".tmp");
 
 let bus: TestBus;
 let seat: NatsConnection;
+/** A provider allowed to publish the probe's subjects. */
+let prober: NatsConnection;
 let dir: string;
 
 interface Seen {
@@ -23,8 +26,6 @@ interface Seen {
 const seen = (): Seen[] => ((globalThis as any).__probeSeen ??= []);
 
 beforeAll(async () => {
-  bus = await testBus();
-  seat = await bus.connect();
   mkdirSync(TMP, { recursive: true });
   dir = mkdtempSync(join(TMP, "functions-"));
   writeFileSync(
@@ -44,20 +45,28 @@ export default defineFunction({
 });
 `,
   );
+  // The bus grants the seat what the probe function needs, derived from it.
+  const { registry: _, ...config } = (await projectConfig()) as Config & { registry?: unknown };
+  const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"] } };
+  bus = await startTestBus(probe, { functions: await loadFunctions(probe), providers: ["prober"] });
+  seat = await bus.connect();
+  prober = await bus.connect("prober");
 });
 afterAll(async () => {
   await bus.stop();
   rmSync(dir, { recursive: true, force: true });
 });
 
+const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20 } };
+
 /** The test bus's config with only the probe function and its stream. */
 function probeConfig(): Config {
   const { registry: _, ...config } = bus.config as Config & { registry?: unknown };
-  return { ...config, functions: dir, streams: { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20 } } };
+  return { ...config, functions: dir, streams: PROBE_STREAMS };
 }
 
 const publish = (subject: string, payload: unknown) =>
-  seat.jetstream().publish(subject, typeof payload === "string" ? payload : JSON.stringify(payload));
+  prober.jetstream().publish(subject, typeof payload === "string" ? payload : JSON.stringify(payload));
 
 describe("event triggers", () => {
   it("backs off 0.5 s doubling per delivery, up to 30 s", () => {
@@ -102,7 +111,7 @@ describe("event triggers", () => {
     try {
       await until(() => seen().length === 2);
       expect(seen().map((s) => s.n)).toEqual([5, 6]);
-      seat.publish("probe.plain", JSON.stringify({ n: 7 }));
+      prober.publish("probe.plain", JSON.stringify({ n: 7 }));
       await until(() => seen().length === 3);
       expect(seen()[2]).toEqual({ n: 7, subject: "probe.plain" });
       const stream = await (await seat.jetstreamManager()).streams.info("probe_events");

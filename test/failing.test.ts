@@ -9,6 +9,7 @@ import {
   keptOf,
   keptWord,
   MAX_WORD,
+  notAhead,
   providerOf,
   recoveredEvent,
   rfc3339,
@@ -36,8 +37,8 @@ describe("event times", () => {
     for (const good of ["2026-11-29T12:00:00Z", "2026-11-29T12:00:00.123+05:30", "2026-11-29t12:00:00z"]) {
       expect(rfc3339.safeParse(good).success).toBe(true);
     }
-    // The last two are after 9999 and before 0000 once in UTC: no RFC 3339 can say them.
-    for (const bad of ["yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000, "9999-12-31T23:59:59-12:00", "0000-01-01T00:00:00+01:00"]) {
+    // After 9999 and before 0000 once in UTC no RFC 3339 can say them; and no time needs 600 digits.
+    for (const bad of [`2026-11-29T12:00:00.${"1".repeat(600)}Z`, "yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000, "9999-12-31T23:59:59-12:00", "0000-01-01T00:00:00+01:00"]) {
       expect(rfc3339.safeParse(bad).success).toBe(false);
     }
   });
@@ -76,6 +77,17 @@ describe("events", () => {
     expect([...cut]).toHaveLength(MAX_WORD);
     expect(cut.endsWith("😀…")).toBe(true);
     expect(cut.isWellFormed()).toBe(true);
+  });
+});
+
+describe("a provider's clock", () => {
+  it("may run up to 5 minutes ahead; further ahead, its event is refused", () => {
+    const now = new Date("2026-11-29T12:00:00Z");
+    expect(() => notAhead("2026-11-29T12:05:00Z", now)).not.toThrow();
+    expect(() => notAhead("2026-11-29T14:00:00+02:00", now)).not.toThrow();
+    expect(() => notAhead("2026-11-29T14:00:00Z", now)).toThrow(
+      "at: 2026-11-29T14:00:00Z is 120 minutes ahead of this server's clock; is the provider's clock right?",
+    );
   });
 });
 

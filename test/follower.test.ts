@@ -146,7 +146,7 @@ describe("the follower and status", () => {
       consumer: `c${Math.floor(i / 30)}-${i}`,
     }));
     // Distinct times, so "newest" is never a tie.
-    const times = Array.from({ length: 1000 }, (_, i) => new Date(Date.UTC(2026, 10, 30, 0, 0, 0, i * 7)).toISOString());
+    const times = Array.from({ length: 1000 }, (_, i) => new Date(Date.UTC(2026, 10, 28, 0, 0, 0, i * 7)).toISOString());
     const events = times.map((time, i) => {
       const triple = triples[i % 100]!;
       const failing = (i * 7919) % 3 !== 0;

@@ -25,7 +25,8 @@ let seat: NatsConnection;
 const folders: string[] = [];
 
 beforeAll(async () => {
-  bus = await testBus();
+  // These tests bind probe subjects no function set declares: the seat may use any subject here.
+  bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
   seat = await bus.connect();
 });
 afterAll(async () => {
@@ -131,26 +132,52 @@ describe("what a function gets", () => {
 export default defineFunction({
   description: "Says what ctx holds.",
   triggers: [{ subject: "probe.ctx" }],
-  access: { reads: ["needs"], writes: ["registry"] },
-  handler: async (_input, ctx) => ({
-    buckets: Object.keys(ctx.buckets).sort(),
-    needsCanPut: typeof (ctx.buckets.needs as any).put,
-    registryCanPut: typeof ctx.buckets.registry.put,
-    maxPayload: ctx.limits.maxPayload,
-    trigger: ctx.trigger,
-  }),
+  access: { reads: ["needs"], writes: ["registry"], publishes: ["probe.out.*"] },
+  handler: async (_input, ctx) => {
+    const refused = async (act: () => unknown) => {
+      try {
+        await act();
+        return "allowed";
+      } catch (err) {
+        return (err as Error).name + ": " + (err as Error).message;
+      }
+    };
+    return {
+      buckets: Object.keys(ctx.buckets).sort(),
+      putNeeds: await refused(() => (ctx.buckets.needs as any).put("alder.x.config.y", "{}")),
+      readFailing: await refused(() => (ctx.buckets as any).failing.list(">")),
+      publishOut: await refused(() => ctx.publish("probe.out.one", "hi")),
+      publishElsewhere: await refused(() => ctx.publish("probe.elsewhere", "hi")),
+      registryCanPut: typeof ctx.buckets.registry.put,
+      maxPayload: ctx.limits.maxPayload,
+      trigger: ctx.trigger,
+    };
+  },
+});
+`,
+      "bare.ts": `${header}
+export default defineFunction({
+  description: "Declares nothing.",
+  triggers: [{ subject: "probe.bare" }],
+  handler: async (_input, ctx) => ({ buckets: Object.keys(ctx.buckets) }),
 });
 `,
     });
     const set = await start({ config: configFor(dir) });
     try {
+      const out = seat.subscribe("probe.out.*", { max: 1 });
       expect((await request(seat, "probe.ctx", {})).body).toEqual({
         buckets: ["needs", "registry"],
-        needsCanPut: "undefined",
+        putNeeds: "AccessError: function probe cannot put in bucket mesh-provisioner_needs: it declares the bucket in access.reads, not access.writes",
+        readFailing: "AccessError: function probe uses bucket failing, which its access does not declare",
+        publishOut: "allowed",
+        publishElsewhere: "AccessError: function probe publishes probe.elsewhere, which its access.publishes (probe.out.*) does not name",
         registryCanPut: "function",
         maxPayload: 1024 * 1024,
         trigger: { kind: "subject", subject: "probe.ctx" },
       });
+      for await (const m of out) expect([m.subject, m.string()]).toEqual(["probe.out.one", "hi"]);
+      expect((await request(seat, "probe.bare", {})).body).toEqual({ buckets: [] });
     } finally {
       await set.stop();
     }

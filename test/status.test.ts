@@ -46,7 +46,7 @@ describe("status at its limits", () => {
     const reply = await request(seat, STATUS, { provider: "p" });
     expect(reply.errorCode).toBeUndefined();
     expect(reply.body).toMatchObject({ rejectedEvents: 0, registry: { compiledAt: null } });
-    await seat.jetstream().publish("p.provisioner.failing", "not json");
+    await (await bus.connect("keycloak")).jetstream().publish("keycloak.provisioner.failing", "not json");
     await until(async () => (await request(seat, STATUS, { provider: "p" })).body.rejectedEvents === 1);
   });
 });
@@ -81,6 +81,8 @@ describe("status as the CLI prints it", () => {
     ]);
     const hostile = formatStatus(status("a\u0000b\n\u001b[31mred"), now).split("\n")[3]!;
     expect(hostile.endsWith("a\\u0000b\\u000a\\u001b[31mred")).toBe(true);
+    const bidi = formatStatus(status("abc\u202edef\u200b"), now).split("\n")[3]!;
+    expect(bidi.endsWith("abc\\u202edef\\u200b")).toBe(true);
     const long = formatStatus(status("😀".repeat(100)), now).split("\n")[3]!;
     expect(long.endsWith(`${"😀".repeat(79)}…`)).toBe(true);
   });

@@ -34,6 +34,9 @@ export interface PostableAlert {
   readonly endsAt?: string;
 }
 
+/** A time as Alertmanager takes it: ISO in UTC, and never after `now` (a provider's clock may run ahead). */
+const notLater = (at: string, now: Date) => new Date(Math.min(Date.parse(at), now.getTime())).toISOString();
+
 /**
  * The alerts for the failing bucket's records (live keys and delete markers): a firing alert
  * per failing triple (`startsAt` its `since`, no `endsAt`, so Alertmanager keeps it while it is
@@ -52,14 +55,14 @@ export function alertsOf(records: readonly KeyRecord[], now: Date): PostableAler
       alerts.push({
         labels,
         annotations: { word: kept.word, summary: `${provider} fails ${consumer} on ${machine}: ${kept.word}` },
-        startsAt: new Date(kept.since).toISOString(),
+        startsAt: notLater(kept.since, now),
       });
     } else if (kept.state === "recovered" && now.getTime() - Date.parse(kept.at) <= RESOLVED_FOR_MS) {
-      const endsAt = new Date(kept.at).toISOString();
+      const endsAt = notLater(kept.at, now);
       alerts.push({
         labels,
         annotations: { summary: `${provider} serves ${consumer} on ${machine} again` },
-        startsAt: kept.since ? new Date(kept.since).toISOString() : endsAt,
+        startsAt: kept.since ? notLater(kept.since, now) : endsAt,
         endsAt,
       });
     }
@@ -68,19 +71,29 @@ export function alertsOf(records: readonly KeyRecord[], now: Date): PostableAler
 }
 
 /**
- * Posts `alerts` to `<alertmanager>/api/v2/alerts`, retrying a failed request (unreachable,
+ * Posts `alerts` to `<alertmanager>/api/v2/alerts` (a user and password in the URL are sent as
+ * Basic authorization, never shown in an error), retrying a failed request (unreachable,
  * timed out, or a 5xx/429 answer) `retries` times with exponential backoff from `backoffMs`.
  * A 4xx answer is not retried. Throws the last error when every attempt failed.
  */
 export async function postAlerts(config: AlertsConfig & { alertmanager: string }, alerts: readonly PostableAlert[]): Promise<void> {
   const url = new URL("api/v2/alerts", config.alertmanager.endsWith("/") ? config.alertmanager : `${config.alertmanager}/`);
+  // fetch takes no credentials in a URL: they go in a Basic header, and out of every message.
+  const headers: Record<string, string> = { "content-type": "application/json" };
+  if (url.username !== "") {
+    headers.authorization = `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString("base64")}`;
+  }
+  url.username = "";
+  url.password = "";
   await pRetry(
     async () => {
       const response = await fetch(url, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers,
         body: JSON.stringify(alerts),
         signal: AbortSignal.timeout(config.timeoutMs),
+      }).catch((err: Error & { cause?: Error }) => {
+        throw new Error(`Alertmanager at ${url} cannot be reached: ${err.cause?.message ?? err.message}`);
       });
       if (response.ok) return;
       const error = new Error(`Alertmanager at ${url} answered ${response.status}: ${(await response.text()).slice(0, 200)}`);

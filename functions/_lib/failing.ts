@@ -51,6 +51,7 @@ function inRange(at: string): boolean {
  */
 export const rfc3339 = z
   .string()
+  .max(64, "must be an RFC 3339 time of at most 64 characters")
   .refine(
     (s) => PARTS.test(s.toUpperCase()) && z.iso.datetime({ offset: true }).safeParse(s.toUpperCase()).success && inRange(s),
     "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z",
@@ -127,6 +128,20 @@ export function keptOf(record: KeyRecord | null): Kept {
     : { state: "recovered", revision: record.revision, at: value.recovered, ...(value.since ? { since: value.since } : {}) };
 }
 
+/** How far ahead of this server's clock an event's `at` may be, in milliseconds. */
+export const MAX_AHEAD_MS = 5 * 60 * 1000;
+
+/**
+ * Refuses (400) an event stamped more than {@link MAX_AHEAD_MS} after `now`: kept, it would
+ * win over every true event until that time came, so a provider's wrong clock is said instead.
+ */
+export function notAhead(at: string, now: Date): void {
+  const ahead = Date.parse(at) - now.getTime();
+  if (ahead > MAX_AHEAD_MS) {
+    throw badInput(`at: ${at} is ${Math.round(ahead / 60_000)} minutes ahead of this server's clock; is the provider's clock right?`);
+  }
+}
+
 /** What one event did to the state. */
 export type Change = "raised" | "updated" | "restarted" | "recovered" | "remembered" | "older";
 
@@ -144,8 +159,8 @@ type Write = { put: { word: string; since: string; at: string } } | { recover: {
  *   nothing, it is remembered (`remembered`), so a failing older than it arriving later does
  *   not raise the triple again;
  * - a recovered between the kept failing's `since` and `at` ended that streak: a failing came
- *   after it, so the streak now starts at the kept `at`, the first failing known after it
- *   (`restarted`);
+ *   after it, so the streak now starts at the kept `at` (`restarted`). The failings between the
+ *   recovery and `at` are not remembered, so `since` may be later than the true first of them;
  * - anything else is older or the same and changes nothing (`older`): the same event twice is
  *   one of these. A failing and a recovered of the same instant: the failing wins.
  */
