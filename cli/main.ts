@@ -12,6 +12,7 @@ import {
   type Running,
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
+import { authorization, toConf } from "../runtime/permissions.ts";
 import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
 import { askStatus, formatStatus } from "./status.ts";
@@ -98,6 +99,25 @@ program
     } finally {
       await session.close();
     }
+  });
+
+const names = (value: string, previous: string[] = []) => [...previous, value];
+
+program
+  .command("permissions")
+  .description(
+    "print the nats-server users and permissions the function set needs: the seat, each node, each provider",
+  )
+  .option("--node <node>", "a node user to print (repeatable; default: the config's embedded nodes)", names)
+  .option("--provider <provider>", "a provider user to print (repeatable; default: the config's embedded providers)", names)
+  .option("--json", "print the users as JSON instead of nats-server's configuration syntax")
+  .action(async (options: { node?: string[]; provider?: string[]; json?: boolean }) => {
+    const cfg = await config();
+    const users = authorization(cfg, await loadFunctions(cfg), {
+      nodes: options.node ?? cfg.embedded.nodes,
+      providers: options.provider ?? cfg.embedded.providers,
+    });
+    console.log(options.json ? JSON.stringify(users, null, 2) : toConf(users).trimEnd());
   });
 
 program

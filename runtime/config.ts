@@ -52,6 +52,10 @@ export const configSchema = z.looseObject({
       user: z.string().min(1).optional(),
       password: z.string().optional(),
       token: z.string().min(1).optional(),
+      /** TLS files: `ca` to trust the server, `cert` and `key` when it asks for a client certificate. */
+      tls: z
+        .strictObject({ ca: z.string().min(1).optional(), cert: z.string().min(1).optional(), key: z.string().min(1).optional() })
+        .optional(),
     })
     .default({ servers: [] }),
   http: z
@@ -110,6 +114,9 @@ const envSchema = z.object({
   NATS_USER: z.string().min(1).optional(),
   NATS_PASSWORD: z.string().optional(),
   NATS_TOKEN: z.string().min(1).optional(),
+  NATS_CA: z.string().min(1).optional(),
+  NATS_CERT: z.string().min(1).optional(),
+  NATS_KEY: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).optional(),
   HTTP_PORT: z.coerce.number().int().min(0).max(65535).optional(),
 });
@@ -117,7 +124,7 @@ const envSchema = z.object({
 /**
  * Validates a raw config and applies the environment of SPEC §6 over it: `NATS_URL`
  * (comma-separated servers), `NATS_CREDS`, `NATS_NKEY`, `NATS_USER`, `NATS_PASSWORD`,
- * `NATS_TOKEN`, `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
+ * `NATS_TOKEN`, `NATS_CA`, `NATS_CERT`, `NATS_KEY`, `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
  */
 export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv = process.env): Config {
   const shown = relative(process.cwd(), file) || file;
@@ -140,6 +147,9 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
       user: e.NATS_USER ?? config.nats.user,
       password: e.NATS_PASSWORD ?? config.nats.password,
       token: e.NATS_TOKEN ?? config.nats.token,
+      ...(e.NATS_CA || e.NATS_CERT || e.NATS_KEY || config.nats.tls
+        ? { tls: { ...config.nats.tls, ...(e.NATS_CA ? { ca: e.NATS_CA } : {}), ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}), ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}) } }
+        : {}),
     },
     http: { host: e.HTTP_HOST ?? config.http.host, port: e.HTTP_PORT ?? config.http.port },
   };

@@ -39,11 +39,14 @@ export function errorBody(code: number, message: string): string {
  * value is said without a path.
  */
 export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
+  // A field name that is not plain is quoted, so white space or punctuation in it shows.
+  const name = (key: PropertyKey) =>
+    typeof key === "number" || (typeof key === "string" && /^[A-Za-z0-9_-]+$/.test(key)) ? String(key) : JSON.stringify(String(key));
   return issues
     .flatMap((issue) => {
-      const at = issue.path.map(String);
+      const at = issue.path.map(name);
       if (issue.code === "unrecognized_keys") {
-        return issue.keys.map((key) => `${[...at, key].join(".")}: unknown field`);
+        return issue.keys.map((key) => `${[...at, name(key)].join(".")}: unknown field`);
       }
       return [at.length > 0 ? `${at.join(".")}: ${issue.message}` : issue.message];
     })

@@ -60,12 +60,16 @@ export interface RunningNatsServer {
 }
 
 export interface SpawnOptions {
-  /** The server's configuration: written as JSON, which nats-server's config format accepts. */
-  readonly conf: Record<string, unknown>;
+  /**
+   * The server's configuration: an object, written as JSON (which nats-server's configuration
+   * format accepts), or configuration text. `host` and `port` are added to either.
+   */
+  readonly conf: Record<string, unknown> | string;
   /** Where the configuration file is written. */
   readonly confFile: string;
   /** Loopback port to listen on; a free one when absent. */
   readonly port?: number;
+  /** The server's environment (variables a text configuration refers to as `$NAME`). */
   readonly env?: NodeJS.ProcessEnv;
 }
 
@@ -91,11 +95,17 @@ function stopChild(child: ChildProcess): Promise<void> {
 export async function spawnNatsServer(options: SpawnOptions): Promise<RunningNatsServer> {
   const bin = findNatsServer(options.env);
   const port = options.port ?? (await freePort());
-  writeFileSync(options.confFile, JSON.stringify({ ...options.conf, host: "127.0.0.1", port }, null, 2), {
-    mode: 0o600,
-  });
+  const text =
+    typeof options.conf === "string"
+      ? `${options.conf}\nhost: "127.0.0.1"\nport: ${port}\n`
+      : JSON.stringify({ ...options.conf, host: "127.0.0.1", port }, null, 2);
+  writeFileSync(options.confFile, text, { mode: 0o600 });
   // Its own process group: a terminal's Ctrl-C reaches this process, which stops the child in order.
-  const child = spawn(bin, ["-c", options.confFile], { stdio: ["ignore", "ignore", "pipe"], detached: true });
+  const child = spawn(bin, ["-c", options.confFile], {
+    stdio: ["ignore", "ignore", "pipe"],
+    detached: true,
+    env: options.env ?? process.env,
+  });
   const killOnExit = () => child.kill("SIGKILL");
   process.on("exit", killOnExit);
   child.once("exit", () => process.off("exit", killOnExit));

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from "nats";
 import { configPath, type Config } from "./config.ts";
 import { findEmbedded, startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
@@ -15,30 +15,77 @@ export interface Session {
 }
 
 /**
- * The nats.js options for the credentials of `config.nats`: a creds file (JWT + nkey), an nkey
- * seed file, a user and password, or a token (SPEC §6). Throws naming the file it cannot read.
+ * Reads a secret file (credentials, nkey seed, TLS key), refusing one that others than its owner
+ * may read or write: a secret kept like that is no longer the seat's alone.
  */
-export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptions> {
-  const read = (what: string, file: string) => {
-    try {
-      return readFileSync(file);
-    } catch (err) {
-      throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
-    }
-  };
-  if (nats.creds) return { authenticator: credsAuthenticator(read("NATS_CREDS", nats.creds)) };
-  if (nats.nkey) return { authenticator: nkeyAuthenticator(new Uint8Array(read("NATS_NKEY", nats.nkey)).filter((b) => b > 32)) };
-  if (nats.user) return { user: nats.user, pass: nats.password ?? "" };
-  if (nats.token) return { token: nats.token };
-  return {};
+function readSecret(what: string, file: string): Buffer {
+  let mode: number;
+  try {
+    mode = statSync(file).mode;
+  } catch (err) {
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+  }
+  if ((mode & 0o077) !== 0) {
+    throw new Error(
+      `${what} ${file} is open to others than its owner (mode ${(mode & 0o777).toString(8)}): run chmod 600 ${file}`,
+    );
+  }
+  return readFileSync(file);
 }
 
-/** Connects to `servers`, naming them and the server's reason when the connection is refused. */
+/**
+ * The nats.js options for the credentials of `config.nats` (SPEC §6): a creds file (JWT +
+ * nkey), an nkey seed file, a user and password, or a token; and TLS files when set (a CA to
+ * trust the server, a client certificate and key when the server asks for one). Throws naming
+ * the file it cannot read, or a secret file others may read.
+ */
+export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptions> {
+  const tls =
+    nats.tls === undefined
+      ? {}
+      : {
+          tls: {
+            ...(nats.tls.ca ? { caFile: readable("NATS_CA", nats.tls.ca) } : {}),
+            ...(nats.tls.cert ? { certFile: readable("NATS_CERT", nats.tls.cert) } : {}),
+            ...(nats.tls.key ? { key: readSecret("NATS_KEY", nats.tls.key).toString() } : {}),
+          },
+        };
+  if (nats.creds) return { ...tls, authenticator: credsAuthenticator(new Uint8Array(readSecret("NATS_CREDS", nats.creds))) };
+  if (nats.nkey) {
+    const seed = new Uint8Array(readSecret("NATS_NKEY", nats.nkey)).filter((b) => b > 32);
+    return { ...tls, authenticator: nkeyAuthenticator(seed) };
+  }
+  if (nats.user) return { ...tls, user: nats.user, pass: nats.password ?? "" };
+  if (nats.token) return { ...tls, token: nats.token };
+  return tls;
+}
+
+function readable(what: string, file: string): string {
+  try {
+    readFileSync(file);
+  } catch (err) {
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+  }
+  return file;
+}
+
+/**
+ * Connects to `servers` (5 s for the first connection, then reconnecting for ever). Throws,
+ * naming the servers and the server's reason, when the first connection fails; refused
+ * credentials are said as such.
+ */
 export async function connectTo(servers: readonly string[], options: Partial<ConnectionOptions>): Promise<NatsConnection> {
   try {
-    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, ...options });
+    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, ...options });
   } catch (err) {
-    throw new Error(`cannot connect to ${servers.join(", ")}: ${(err as Error).message}`);
+    const { code, message } = err as { code?: string; message: string };
+    const reason =
+      code === "AUTHORIZATION_VIOLATION"
+        ? "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
+        : code === "TIMEOUT"
+          ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
+          : message;
+    throw new Error(`cannot connect to ${servers.join(", ")}: ${reason}`);
   }
 }
 

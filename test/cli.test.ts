@@ -2,12 +2,10 @@ import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { headers } from "nats";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
-import type { TestBus } from "../runtime/testing.ts";
-import { ROOT, startSet, testBus } from "./helpers.ts";
+import { ROOT } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const run = promisify(execFile);
@@ -220,38 +218,5 @@ describe("the embedded default, end to end", () => {
     const result = await cli(config, ["start"]);
     expect(result.code).toBe(1);
     expect(result.stderr).toMatch(/^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/);
-  });
-});
-
-describe("the embedded server's users (SPEC §2)", () => {
-  let bus: TestBus;
-  beforeAll(async () => {
-    bus = await testBus();
-    const set = await startSet(bus);
-    await set.stop();
-  });
-  afterAll(() => bus.stop());
-
-  it("lets a node write only its own keys, and the seat none of the node buckets", async () => {
-    const alder = await bus.kv("needs", "alder");
-    await expect(alder.put("alder.gitea.config.db_url", "{}")).resolves.toBeGreaterThan(0);
-    await expect(alder.put("birch.gitea.config.db_url", "{}")).rejects.toThrow(/Permissions Violation/);
-    const seatNeeds = await bus.kv("needs");
-    await expect(seatNeeds.put("alder.gitea.config.db_url", "{}")).rejects.toThrow(/Permissions Violation/);
-    for (const bucket of ["applied", "collect"]) {
-      await expect((await bus.kv(bucket)).put("alder.x.y", "{}")).rejects.toThrow(/Permissions Violation/);
-    }
-    await expect((await bus.kv("registry", "alder")).put("config", "{}")).rejects.toThrow(/Permissions Violation/);
-    await expect((await bus.kv("registry")).put("probe", "{}")).resolves.toBeGreaterThan(0);
-  });
-
-  it("refuses a rollup header, so a node cannot erase the keys of other nodes", async () => {
-    const birch = await bus.kv("applied", "birch");
-    await birch.put("birch.caddy", '{"at":"2026-11-29T09:00:00Z"}');
-    const rollup = headers();
-    rollup.set("Nats-Rollup", "all");
-    const alder = (await bus.connect("alder")).jetstream();
-    await expect(alder.publish("$KV.mesh-provisioner_applied.alder.evil", "{}", { headers: rollup })).rejects.toThrow(/rollup/i);
-    expect((await (await bus.kv("applied")).get("birch.caddy"))?.string()).toBe('{"at":"2026-11-29T09:00:00Z"}');
   });
 });

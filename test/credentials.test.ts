@@ -1,0 +1,142 @@
+import { execFileSync } from "node:child_process";
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect, nkeys, type NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { VERB } from "../functions/_lib/provisioning.ts";
+import { loadFunctions, resolveConfig, start, type Config } from "../runtime/index.ts";
+import { spawnNatsServer, type RunningNatsServer } from "../runtime/nats-server.ts";
+import { authorization, type AuthorizedUser } from "../runtime/permissions.ts";
+import { projectConfig, request } from "./helpers.ts";
+
+let dir: string;
+let base: Config;
+let users: AuthorizedUser[];
+const servers: RunningNatsServer[] = [];
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-credentials-"));
+  base = await projectConfig();
+  users = authorization(base, await loadFunctions(base), { nodes: ["alder"], providers: [] });
+});
+afterAll(async () => {
+  for (const server of servers) await server.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A nats-server with JetStream and the given `authorization` (and `tls`), in its own folder. */
+async function server(name: string, conf: Record<string, unknown>): Promise<RunningNatsServer> {
+  const store = join(dir, name);
+  const running = await spawnNatsServer({ conf: { jetstream: { store_dir: store }, ...conf }, confFile: join(dir, `${name}.conf`) });
+  servers.push(running);
+  return running;
+}
+
+/** The project's config pointed at `url` with the environment `env`, HTTP on a free port. */
+const configWith = (url: string, env: NodeJS.ProcessEnv): Config => ({
+  ...resolveConfig({ ...base, nats: { servers: [] }, http: { port: 0 } }, base.file, { NATS_URL: url, ...env }),
+  root: base.root,
+});
+
+/** A file holding `text`, with `mode`. */
+function file(name: string, text: string, mode = 0o600): string {
+  const path = join(dir, name);
+  writeFileSync(path, text);
+  chmodSync(path, mode);
+  return path;
+}
+
+/** Starts the set, asks the verb as node `alder`, stops: the registry's kinds, or the error. */
+async function serves(config: Config, asNode: () => Promise<NatsConnection>): Promise<number | string> {
+  const set = await start({ config }).catch((e: Error) => e);
+  if (set instanceof Error) return set.message;
+  try {
+    const nc = await asNode();
+    const reply = await request(nc, VERB, {});
+    await nc.close();
+    return reply.body.entries.length;
+  } finally {
+    await set.stop();
+  }
+}
+
+const seat = () => users.find((u) => u.role === "seat")!;
+const alder = () => users.find((u) => u.user === "alder")!;
+
+describe("credentials", () => {
+  it("connects with an nkey seed file, and refuses one that others may read", async () => {
+    const user = nkeys.createUser();
+    const bus = await server("nkey", {
+      authorization: {
+        users: [
+          { nkey: user.getPublicKey(), permissions: seat().permissions },
+          { user: "alder", password: "alder-pw", permissions: alder().permissions },
+        ],
+      },
+    });
+    const seed = file("seat.nk", new TextDecoder().decode(user.getSeed()));
+    const asAlder = () => connect({ servers: bus.url, user: "alder", pass: "alder-pw" });
+    expect(await serves(configWith(bus.url, { NATS_NKEY: seed }), asAlder)).toBe(13);
+    chmodSync(seed, 0o644);
+    expect(await serves(configWith(bus.url, { NATS_NKEY: seed }), asAlder)).toBe(
+      `NATS_NKEY ${seed} is open to others than its owner (mode 644): run chmod 600 ${seed}`,
+    );
+  });
+
+  it("refuses a creds file that others may read, before reading it", async () => {
+    const creds = file("seat.creds", "not even a creds file", 0o640);
+    expect(await serves(configWith("nats://127.0.0.1:1", { NATS_CREDS: creds }), () => Promise.reject(new Error("unused")))).toBe(
+      `NATS_CREDS ${creds} is open to others than its owner (mode 640): run chmod 600 ${creds}`,
+    );
+  });
+
+  it("connects with a token", async () => {
+    const bus = await server("token", { authorization: { token: "s3cret-token" } });
+    expect(await serves(configWith(bus.url, { NATS_TOKEN: "s3cret-token" }), () => connect({ servers: bus.url, token: "s3cret-token" }))).toBe(13);
+  });
+
+  it("says a refused connection plainly", async () => {
+    const bus = await server("refusing", {
+      authorization: { users: [{ user: "mesh-provisioner", password: "right", permissions: seat().permissions }] },
+    });
+    const refused = await serves(configWith(bus.url, { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "wrong" }), () =>
+      Promise.reject(new Error("unused")),
+    );
+    expect(refused).toBe(
+      `cannot connect to ${bus.url}: the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)`,
+    );
+  });
+
+  it("connects over TLS with a CA, a client certificate and key, and fails plainly without them", async () => {
+    const openssl = (...args: string[]) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" });
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA");
+    for (const [name, extra] of [
+      ["server", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+      ["client", "extendedKeyUsage=clientAuth"],
+    ] as const) {
+      openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${name}`);
+      writeFileSync(join(dir, `${name}.ext`), `${extra}\n`);
+      openssl("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.pem`, "-days", "2", "-extfile", `${name}.ext`);
+      chmodSync(join(dir, `${name}.key`), 0o600);
+    }
+    const bus = await server("tls", {
+      tls: { cert_file: join(dir, "server.pem"), key_file: join(dir, "server.key"), ca_file: join(dir, "ca.pem"), verify: true },
+      authorization: {
+        users: [
+          { user: "mesh-provisioner", password: "seat-pw", permissions: seat().permissions },
+          { user: "alder", password: "alder-pw", permissions: alder().permissions },
+        ],
+      },
+    });
+    const tls = { caFile: join(dir, "ca.pem"), certFile: join(dir, "client.pem"), keyFile: join(dir, "client.key") };
+    const env = { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile, NATS_CERT: tls.certFile, NATS_KEY: tls.keyFile };
+    expect(await serves(configWith(bus.url, env), () => connect({ servers: bus.url, user: "alder", pass: "alder-pw", tls }))).toBe(13);
+    const withoutCert = await serves(configWith(bus.url, { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile }), () =>
+      Promise.reject(new Error("unused")),
+    );
+    expect(withoutCert).toBe(
+      `cannot connect to ${bus.url}: no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)`,
+    );
+  });
+});
