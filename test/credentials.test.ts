@@ -2,13 +2,16 @@ import { execFileSync } from "node:child_process";
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { connect, nkeys, type NatsConnection } from "nats";
+import { createHash } from "node:crypto";
+import { connect, credsAuthenticator, nkeys, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { loadFunctions, resolveConfig, start, type Config } from "../runtime/index.ts";
 import { spawnNatsServer, type RunningNatsServer } from "../runtime/nats-server.ts";
 import { authorization, type AuthorizedUser } from "../runtime/permissions.ts";
 import { projectConfig, request } from "./helpers.ts";
+
+type KeyPair = ReturnType<typeof nkeys.createUser>;
 
 let dir: string;
 let base: Config;
@@ -64,7 +67,72 @@ async function serves(config: Config, asNode: () => Promise<NatsConnection>): Pr
 const seat = () => users.find((u) => u.role === "seat")!;
 const alder = () => users.find((u) => u.user === "alder")!;
 
+/**
+ * Operator-mode (JWT) credentials, as `nsc` would make them: an operator, an account with
+ * JetStream, and users whose JWTs carry their permissions. Each JWT is signed with its issuer's
+ * nkey (header, claims, signature; base64url; `jti` the base32 SHA-256 of the claims).
+ */
+function operatorMode() {
+  const b64 = (data: Uint8Array | string) => Buffer.from(data).toString("base64url");
+  const base32 = (bytes: Buffer) => {
+    const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let out = "";
+    let bits = 0;
+    let value = 0;
+    for (const byte of bytes) {
+      value = (value << 8) | byte;
+      bits += 8;
+      for (; bits >= 5; bits -= 5) out += alphabet[(value >>> (bits - 5)) & 31];
+    }
+    return bits > 0 ? out + alphabet[(value << (5 - bits)) & 31] : out;
+  };
+  const pub = (key: KeyPair) => key.getPublicKey() as unknown as string;
+  const sign = (issuer: KeyPair, subject: string, name: string, nats: Record<string, unknown>) => {
+    const header = b64(JSON.stringify({ typ: "JWT", alg: "ed25519-nkey" }));
+    const claims: Record<string, unknown> = { iat: Math.floor(Date.now() / 1000), iss: pub(issuer), name, sub: subject, nats: { version: 2, ...nats } };
+    claims.jti = base32(createHash("sha256").update(JSON.stringify(claims)).digest());
+    const body = b64(JSON.stringify(claims));
+    return `${header}.${body}.${b64(issuer.sign(new TextEncoder().encode(`${header}.${body}`)))}`;
+  };
+  const unlimited = { subs: -1, conn: -1, leaf: -1, imports: -1, exports: -1, data: -1, payload: -1, wildcards: true };
+  const operator = nkeys.createOperator();
+  const account = nkeys.createAccount();
+  const system = nkeys.createAccount();
+  const conf = [
+    `operator: ${sign(operator, pub(operator), "mesh", { type: "operator", system_account: pub(system) })}`,
+    `system_account: ${pub(system)}`,
+    "resolver: MEMORY",
+    "resolver_preload: {",
+    `  ${pub(account)}: ${sign(operator, pub(account), "mesh", { type: "account", limits: { ...unlimited, mem_storage: -1, disk_storage: -1, streams: -1, consumer: -1 } })}`,
+    `  ${pub(system)}: ${sign(operator, pub(system), "SYS", { type: "account", limits: unlimited })}`,
+    "}",
+  ].join("\n");
+  /** A creds file's text for a user of the account with `permissions`. */
+  const creds = (name: string, permissions: AuthorizedUser["permissions"]) => {
+    const user = nkeys.createUser();
+    const jwt = sign(account, pub(user), name, { type: "user", pub: permissions.publish, sub: permissions.subscribe, subs: -1, data: -1, payload: -1 });
+    const seed = new TextDecoder().decode(user.getSeed());
+    return `-----BEGIN NATS USER JWT-----\n${jwt}\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n${seed}\n------END USER NKEY SEED------\n`;
+  };
+  return { conf, creds };
+}
+
 describe("credentials", () => {
+  it("connects with a creds file on a server in operator (JWT) mode, under the derived permissions", async () => {
+    const { conf, creds } = operatorMode();
+    const store = join(dir, "operator-store");
+    // The seat's JWT carries its ~70 subjects: its CONNECT line is longer than the default 4 KiB.
+    const bus = await spawnNatsServer({
+      conf: `${conf}\njetstream { store_dir: ${JSON.stringify(store)} }\nmax_control_line: 16384`,
+      confFile: join(dir, "operator.conf"),
+    });
+    servers.push(bus);
+    const seatCreds = file("seat.creds", creds("mesh-provisioner", seat().permissions));
+    const alderCreds = creds("alder", alder().permissions);
+    const asAlder = () => connect({ servers: bus.url, authenticator: credsAuthenticator(new TextEncoder().encode(alderCreds)) });
+    expect(await serves(configWith(bus.url, { NATS_CREDS: seatCreds }), asAlder)).toBe(13);
+  });
+
   it("connects with an nkey seed file, and refuses one that others may read", async () => {
     const user = nkeys.createUser();
     const bus = await server("nkey", {
