@@ -21,7 +21,7 @@ export async function writeDemo(config: Config): Promise<Record<string, number>>
       const records = recordsOf(node);
       const kvs = new Map<string, KV>();
       for (const { bucket, key, value } of records) {
-        if (!kvs.has(bucket)) kvs.set(bucket, await js.views.kv(config.buckets[bucket]!.bucket, { bindOnly: true }));
+        if (!kvs.has(bucket)) kvs.set(bucket, await js.views.kv(config.buckets[bucket]!.bucket, { bindOnly: true, allow_direct: true }));
         await kvs.get(bucket)!.put(key, JSON.stringify(value));
       }
       written[node] = records.length;

@@ -75,6 +75,11 @@ export async function bindSubjects(
       subject: trigger.subject,
       handler: (err, msg) => {
         if (err) return host.log.error({ function: fn.name, err }, "endpoint stopped");
+        // An answer goes to an inbox only: a reply subject such as `$KV.<bucket>.<key>` would
+        // have the seat write, with its own rights, what the requester may not.
+        if (!msg.reply?.startsWith("_INBOX.")) {
+          return host.log.warn({ function: fn.name, subject: msg.subject, reply: msg.reply?.slice(0, 200) }, "request not answered: its reply subject is not an inbox");
+        }
         answer(msg).catch((e: unknown) => host.log.error({ function: fn.name, err: e }, "request not answered"));
       },
     });

@@ -135,6 +135,9 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   const e = vars.data;
   const config = parsed.data;
   const servers = e.NATS_URL?.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  if (e.NATS_URL !== undefined && e.NATS_URL.trim() !== "" && servers!.length === 0) {
+    throw new ConfigError(`environment: NATS_URL: holds no server URL (${JSON.stringify(e.NATS_URL)})`);
+  }
   return {
     ...config,
     root: dirname(file),

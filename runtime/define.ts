@@ -143,16 +143,32 @@ const zodObject = z.custom<z.ZodObject>(
 );
 const bucketNames = z.array(z.string().min(1)).readonly();
 
+/**
+ * Whether a subject (or pattern) starts in a space of the server or of replies: `$JS`, `$KV`,
+ * `$SYS`, `$SRV`… or `_INBOX`. A function binding or publishing there would carry the seat's
+ * rights to what its declarations do not name.
+ */
+const reserved = (subject: string) => {
+  const first = subject.split(".")[0]!;
+  return first.startsWith("$") || first.startsWith("_INBOX");
+};
+const RESERVED = "must not start with $ (the server's subjects) or _INBOX (replies)";
+
 const subjectTrigger = z.strictObject({
   subject: z
     .string()
-    .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces"),
+    .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces")
+    .refine((s) => !reserved(s), RESERVED),
 });
 /** A subject, or a pattern of one: tokens or `*`, a final `>`; no spaces. */
 const SUBJECT_PATTERN = /^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$/;
 
 const eventTrigger = z.strictObject({
-  event: z.string().regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces"),
+  event: z
+    .string()
+    .regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces")
+    .refine((s) => !s.startsWith(">"), "must not be > alone: that is every message of the bus")
+    .refine((s) => !reserved(s), RESERVED),
   stream: z.string().min(1).optional(),
 });
 const cronTrigger = z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() });
@@ -170,8 +186,15 @@ export const definitionSchema = z.strictObject({
   description: z.string().min(1, "must say what the function does"),
   triggers: z
     .array(
-      z.union([subjectTrigger, eventTrigger, cronTrigger, httpTrigger], {
-        error: "must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: \"METHOD /path\" }",
+      z.unknown().superRefine((value, ctx) => {
+        // The trigger's kind is its key: its own schema then says what is wrong with it.
+        const kind = ["subject", "event", "cron", "http"].find((k) => typeof value === "object" && value !== null && k in value);
+        const schema = { subject: subjectTrigger, event: eventTrigger, cron: cronTrigger, http: httpTrigger }[kind ?? ""];
+        if (schema === undefined) {
+          ctx.addIssue({ code: "custom", message: 'must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }' });
+          return;
+        }
+        for (const issue of schema.safeParse(value).error?.issues ?? []) ctx.addIssue(issue as never);
       }),
     )
     .min(1, "a function needs at least one trigger"),
@@ -181,7 +204,16 @@ export const definitionSchema = z.strictObject({
     .strictObject({
       reads: bucketNames.optional(),
       writes: bucketNames.optional(),
-      publishes: z.array(z.string().regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`)")).readonly().optional(),
+      publishes: z
+        .array(
+          z
+            .string()
+            .regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`)")
+            .refine((s) => !/^[*>]/.test(s), "must start with a token, not a wildcard (it would reach the server's subjects)")
+            .refine((s) => !reserved(s), RESERVED),
+        )
+        .readonly()
+        .optional(),
     })
     .optional(),
   handler: z.custom<(...args: unknown[]) => unknown>(

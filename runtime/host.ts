@@ -144,7 +144,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
       limits,
       runtime,
       publish: (subject, data) => {
-        if (!publishes.some((pattern) => subjectMatches(pattern, subject))) {
+        if (/[\s*>]/.test(subject) || !publishes.some((pattern) => subjectMatches(pattern, subject))) {
           throw new AccessError(
             `function ${fn.name} publishes ${subject}, which its access.publishes (${publishes.join(", ") || "none"}) does not name`,
           );

@@ -22,19 +22,26 @@ const kvStream = (bucket: string) => `KV_${bucket}`;
  * consumers of keys and watch (created on the unscoped `CONSUMER.CREATE.KV_<b>`, so a reader
  * cannot be narrowed to a key prefix), their deletion and flow control.
  */
-function readsBucket(bucket: string): string[] {
+function readsBucket(bucket: string, role: Role = "seat"): string[] {
   const s = kvStream(bucket);
   return [
     `$JS.API.STREAM.INFO.${s}`,
     `$JS.API.DIRECT.GET.${s}.>`,
     `$JS.API.CONSUMER.CREATE.${s}`,
     `$JS.API.CONSUMER.CREATE.${s}.>`,
-    `$JS.API.CONSUMER.DELETE.${s}.>`,
+    // Deletion only for the seat: with it a node could delete another reader's consumer by name.
+    ...(role === "seat" ? [`$JS.API.CONSUMER.DELETE.${s}.>`] : []),
     `$JS.FC.${s}.>`,
   ];
 }
 
 const unique = (subjects: readonly string[]) => [...new Set(subjects)];
+
+/**
+ * The inbox prefix of a user: replies to it come on `_INBOX.<user>.>`, which only that user may
+ * subscribe to, so no user reads another's replies. Clients set it as nats.js's `inboxPrefix`.
+ */
+export const inboxOf = (user: string): string => `_INBOX.${user}`;
 
 /** The request/reply subjects of a function set: what nodes and providers may ask. */
 export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
@@ -60,8 +67,8 @@ export function durables(functions: readonly LoadedFunction[], config: Config): 
  * only seat-written buckets functions write, and the runtime's; assert the streams of event
  * triggers and run their durable consumers (create, info, pull, acknowledge); publish what
  * functions declare in `access.publishes`; serve and ask its verbs (subscribe, publish, reply
- * on `_INBOX.>`, so requesters must use nats.js's default inbox prefix) and the
- * NATS service discovery subjects of its service; receive replies on `_INBOX.>`. Never
+ * on `_INBOX.>`) and the
+ * NATS service discovery subjects of its service; receive replies on `_INBOX.<seat>.>`. Never
  * `$JS.API.>` or `$JS.>`, and no `$KV` subject of a node-written bucket.
  */
 export function seatPermissions(config: Config, functions: readonly LoadedFunction[]): Permissions {
@@ -85,7 +92,7 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.INFO.${kvStream(b)}`,
           `$JS.API.STREAM.CREATE.${kvStream(b)}`,
         ]),
-        ...[...read.map(bucketOf), runtime].flatMap(readsBucket),
+        ...[...read.map(bucketOf), runtime].flatMap((b) => readsBucket(b)),
         ...[...written.map(bucketOf), runtime].map((b) => `$KV.${b}.>`),
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
         ...durables(functions, config).flatMap(({ stream, durable }) => [
@@ -98,15 +105,15 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
         ...functions.flatMap((fn) => fn.definition.access?.publishes ?? []),
         // Its own verbs, so an operator holding the seat's credentials can ask them.
         ...verbSubjects(functions),
-        // Replies to its verbs' requesters, instead of `allow_responses`, with which nats-server
-        // 2.9 tracks the reply subject of every JetStream message it delivers: reads of a large
-        // bucket then go ten times slower, and worse as they grow.
+        // Replies to its verbs' requesters (the runtime answers no other reply subject), instead
+        // of `allow_responses`, with which nats-server 2.9 tracks the reply subject of every
+        // JetStream message it delivers: reads of a large bucket then go ten times slower.
         "_INBOX.>",
       ]),
     },
     subscribe: {
       allow: unique([
-        "_INBOX.>",
+        `${inboxOf(config.seat)}.>`,
         ...verbSubjects(functions),
         ...events,
         ...(verbSubjects(functions).length > 0 ? ["PING", "INFO", "STATS"].flatMap((v) => [`$SRV.${v}`, `$SRV.${v}.${config.seat}`, `$SRV.${v}.${config.seat}.*`]) : []),
@@ -118,7 +125,7 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
 /**
  * A node client's permissions (SPEC §2): write its own `<node>.>` keys of the node-written
  * buckets and read them back, read the buckets read by nodes (the registry), ask the seat's
- * verbs, receive replies. It cannot touch another node's keys nor write a seat bucket.
+ * verbs, receive replies on its own `_INBOX.<node>.>`. It cannot touch another node's keys nor write a seat bucket.
  */
 export function nodePermissions(node: string, config: Config, functions: readonly LoadedFunction[]): Permissions {
   const own = Object.values(config.buckets).filter((b) => b.writtenBy === "nodes");
@@ -126,24 +133,25 @@ export function nodePermissions(node: string, config: Config, functions: readonl
     publish: {
       allow: unique([
         "$JS.API.INFO",
+        // No STREAM.INFO of these: its `subjects_filter` would list other nodes' keys. A client
+        // opens them with `{ bindOnly: true, allow_direct: true }`.
         ...own.flatMap(({ bucket }) => [
-          `$JS.API.STREAM.INFO.${kvStream(bucket)}`,
           `$KV.${bucket}.${node}.>`,
           `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`,
         ]),
-        ...Object.values(config.buckets).filter((b) => b.readBy.includes("nodes")).flatMap(({ bucket }) => readsBucket(bucket)),
+        ...Object.values(config.buckets).filter((b) => b.readBy.includes("nodes")).flatMap(({ bucket }) => readsBucket(bucket, "node")),
         ...verbSubjects(functions),
       ]),
     },
-    subscribe: { allow: ["_INBOX.>"] },
+    subscribe: { allow: [`${inboxOf(node)}.>`] },
   };
 }
 
 /**
  * A provider's permissions (SPEC §1, §5): publish the config's `providers.publish` subjects for
  * itself (`{provider}` replaced by its name), read the buckets read by providers (the needs)
- * without writing them, ask the seat's verbs, receive replies (a JetStream publish's
- * acknowledgement among them).
+ * without writing them, ask the seat's verbs, receive replies on its own `_INBOX.<provider>.>`
+ * (a JetStream publish's acknowledgement among them).
  */
 export function providerPermissions(provider: string, config: Config, functions: readonly LoadedFunction[]): Permissions {
   return {
@@ -151,11 +159,11 @@ export function providerPermissions(provider: string, config: Config, functions:
       allow: unique([
         "$JS.API.INFO",
         ...config.providers.publish.map((subject) => subject.replaceAll("{provider}", provider)),
-        ...Object.values(config.buckets).filter((b) => b.readBy.includes("providers")).flatMap(({ bucket }) => readsBucket(bucket)),
+        ...Object.values(config.buckets).filter((b) => b.readBy.includes("providers")).flatMap(({ bucket }) => readsBucket(bucket, "provider")),
         ...verbSubjects(functions),
       ]),
     },
-    subscribe: { allow: ["_INBOX.>"] },
+    subscribe: { allow: [`${inboxOf(provider)}.>`] },
   };
 }
 
@@ -166,12 +174,23 @@ export interface AuthorizedUser {
   readonly permissions: Permissions;
 }
 
-/** The users of a bus for the function set: the seat, each node and each provider named. */
+const USER_NAME = /^[A-Za-z0-9_/=-]+$/;
+
+/**
+ * The users of a bus for the function set: the seat, each node and each provider named. Throws
+ * when a name is not one token (`*`, `>` or `.` would widen its grants to other users' subjects)
+ * or names two users.
+ */
 export function authorization(
   config: Config,
   functions: readonly LoadedFunction[],
   names: { readonly nodes: readonly string[]; readonly providers: readonly string[] },
 ): AuthorizedUser[] {
+  const all = [config.seat, ...names.nodes, ...names.providers];
+  const bad = all.filter((n) => !USER_NAME.test(n));
+  if (bad.length > 0) throw new Error(`a user's name must be one token (A-Z a-z 0-9 - _ / =): ${bad.map((n) => JSON.stringify(n)).join(", ")}`);
+  const twice = all.filter((n, i) => all.indexOf(n) !== i);
+  if (twice.length > 0) throw new Error(`a user is named twice (the seat, nodes and providers share one namespace): ${[...new Set(twice)].join(", ")}`);
   return [
     { role: "seat", user: config.seat, permissions: seatPermissions(config, functions) },
     ...names.nodes.map((node) => ({ role: "node" as const, user: node, permissions: nodePermissions(node, config, functions) })),
@@ -190,6 +209,10 @@ export function toConf(users: readonly AuthorizedUser[]): string {
   const list = (subjects: readonly string[], indent: string) =>
     `[\n${subjects.map((s) => `${indent}  ${quote(s)}`).join("\n")}\n${indent}]`;
   const variable = (user: string) => `$${user.toUpperCase().replace(/[^A-Z0-9]/g, "_")}_PASSWORD`;
+  const clash = users.find((u, i) => users.findIndex((v) => variable(v.user) === variable(u.user)) !== i);
+  if (clash !== undefined) {
+    throw new Error(`two users would share the password variable ${variable(clash.user)}: rename one of them`);
+  }
   const blocks = users.map(({ role, user, permissions }) =>
     [
       `    # ${role}`,

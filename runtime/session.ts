@@ -3,7 +3,7 @@ import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions,
 import { configPath, type Config } from "./config.ts";
 import { findEmbedded, startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
 import { loadFunctions, type LoadedFunction } from "./loader.ts";
-import { authorization } from "./permissions.ts";
+import { authorization, inboxOf } from "./permissions.ts";
 
 /** A connection to the bus, and the embedded server behind it when this process started one. */
 export interface Session {
@@ -21,7 +21,9 @@ export interface Session {
 function readSecret(what: string, file: string): Buffer {
   let mode: number;
   try {
-    mode = statSync(file).mode;
+    const stat = statSync(file);
+    if (!stat.isFile()) throw new Error("it is not a file");
+    mode = stat.mode;
   } catch (err) {
     throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
   }
@@ -30,7 +32,11 @@ function readSecret(what: string, file: string): Buffer {
       `${what} ${file} is open to others than its owner (mode ${(mode & 0o777).toString(8)}): run chmod 600 ${file}`,
     );
   }
-  return readFileSync(file);
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+  }
 }
 
 /**
@@ -62,6 +68,7 @@ export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptio
 
 function readable(what: string, file: string): string {
   try {
+    if (!statSync(file).isFile()) throw new Error("it is not a file");
     readFileSync(file);
   } catch (err) {
     throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
@@ -69,23 +76,32 @@ function readable(what: string, file: string): string {
   return file;
 }
 
+/** A server URL as it may be shown: a user, password or token in it replaced by `***`. */
+export function withoutPassword(url: string): string {
+  return url.replace(/^([a-z]+:\/\/)[^/@]*@/i, "$1***@");
+}
+
 /**
- * Connects to `servers` (5 s for the first connection, then reconnecting for ever). Throws,
+ * Connects to `servers` (5 s for the first connection, then reconnecting for ever), with replies
+ * on `_INBOX.<user>` (the user's own inbox, {@link inboxOf}) unless `inboxPrefix` says. Throws,
  * naming the servers and the server's reason, when the first connection fails; refused
  * credentials are said as such.
  */
 export async function connectTo(servers: readonly string[], options: Partial<ConnectionOptions>): Promise<NatsConnection> {
   try {
-    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, ...options });
+    const inboxPrefix = options.user ? inboxOf(options.user) : "_INBOX";
+    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, ...options });
   } catch (err) {
     const { code, message } = err as { code?: string; message: string };
     const reason =
-      code === "AUTHORIZATION_VIOLATION"
+      code === "BAD_CREDS"
+        ? "the creds file is not a NATS creds file (a user JWT and its nkey seed)"
+        : code === "AUTHORIZATION_VIOLATION"
         ? "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
         : code === "TIMEOUT"
           ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
           : message;
-    throw new Error(`cannot connect to ${servers.join(", ")}: ${reason}`);
+    throw new Error(`cannot connect to ${servers.map(withoutPassword).join(", ")}: ${reason}`);
   }
 }
 
@@ -114,8 +130,10 @@ export interface SessionOptions {
 export async function openSession(config: Config, options: SessionOptions): Promise<Session> {
   const name = options.name ?? config.seat;
   if (config.nats.servers.length > 0) {
-    const nc = await connectTo(config.nats.servers, { name, ...credentialOptions(config.nats) });
-    return { nc, url: config.nats.servers.join(","), close: () => nc.drain() };
+    // Replies come to the user's own inbox; with creds, an nkey or a token, the seat's.
+    const inboxPrefix = inboxOf(config.nats.user ?? config.seat);
+    const nc = await connectTo(config.nats.servers, { name, inboxPrefix, ...credentialOptions(config.nats) });
+    return { nc, url: config.nats.servers.map(withoutPassword).join(","), close: () => nc.drain() };
   }
   const stateDir = configPath(config, config.state);
   const user = options.user ?? config.seat;

@@ -129,7 +129,7 @@ describe("credentials", () => {
     servers.push(bus);
     const seatCreds = file("seat.creds", creds("mesh-provisioner", seat().permissions));
     const alderCreds = creds("alder", alder().permissions);
-    const asAlder = () => connect({ servers: bus.url, authenticator: credsAuthenticator(new TextEncoder().encode(alderCreds)) });
+    const asAlder = () => connect({ servers: bus.url, authenticator: credsAuthenticator(new TextEncoder().encode(alderCreds)), inboxPrefix: "_INBOX.alder" });
     expect(await serves(configWith(bus.url, { NATS_CREDS: seatCreds }), asAlder)).toBe(13);
   });
 
@@ -144,7 +144,7 @@ describe("credentials", () => {
       },
     });
     const seed = file("seat.nk", new TextDecoder().decode(user.getSeed()));
-    const asAlder = () => connect({ servers: bus.url, user: "alder", pass: "alder-pw" });
+    const asAlder = () => connect({ servers: bus.url, user: "alder", pass: "alder-pw", inboxPrefix: "_INBOX.alder" });
     expect(await serves(configWith(bus.url, { NATS_NKEY: seed }), asAlder)).toBe(13);
     chmodSync(seed, 0o644);
     expect(await serves(configWith(bus.url, { NATS_NKEY: seed }), asAlder)).toBe(
@@ -199,12 +199,31 @@ describe("credentials", () => {
     });
     const tls = { caFile: join(dir, "ca.pem"), certFile: join(dir, "client.pem"), keyFile: join(dir, "client.key") };
     const env = { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile, NATS_CERT: tls.certFile, NATS_KEY: tls.keyFile };
-    expect(await serves(configWith(bus.url, env), () => connect({ servers: bus.url, user: "alder", pass: "alder-pw", tls }))).toBe(13);
+    expect(await serves(configWith(bus.url, env), () => connect({ servers: bus.url, user: "alder", pass: "alder-pw", tls, inboxPrefix: "_INBOX.alder" }))).toBe(13);
     const withoutCert = await serves(configWith(bus.url, { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile }), () =>
       Promise.reject(new Error("unused")),
     );
     expect(withoutCert).toBe(
       `cannot connect to ${bus.url}: no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)`,
     );
+  });
+});
+
+describe("credential mistakes, said plainly", () => {
+  it("names the variable and file of a folder or a file that is no creds file, and hides passwords in URLs", async () => {
+    const folder = join(dir, "a-folder");
+    execFileSync("mkdir", ["-p", folder]);
+    expect(await serves(configWith("nats://127.0.0.1:1", { NATS_NKEY: folder }), () => Promise.reject(new Error("unused")))).toBe(
+      `NATS_NKEY ${folder} cannot be read: it is not a file`,
+    );
+    const bus = await server("creds-check", { authorization: { token: "t" } });
+    const garbage = file("garbage.creds", "not a creds file");
+    expect(await serves(configWith(bus.url, { NATS_CREDS: garbage }), () => Promise.reject(new Error("unused")))).toBe(
+      `cannot connect to ${bus.url}: the creds file is not a NATS creds file (a user JWT and its nkey seed)`,
+    );
+    const withPassword = bus.url.replace("nats://", "nats://seat:hunter2@");
+    const refused = await serves(configWith(withPassword, {}), () => Promise.reject(new Error("unused")));
+    expect(refused).toMatch(/^cannot connect to nats:\/\/\*\*\*@127\.0\.0\.1:\d+: /);
+    expect(() => configWith("nats://x", { NATS_URL: " , ," })).toThrow('environment: NATS_URL: holds no server URL (" , ,")');
   });
 });

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, headers, type KV } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { STATUS } from "../functions/_lib/failing.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { loadFunctions, resolveConfig, start } from "../runtime/index.ts";
 import { spawnNatsServer } from "../runtime/nats-server.ts";
@@ -60,6 +61,10 @@ describe("the server enforces who writes what (SPEC §2)", () => {
     }
     const registry = await bus.kv("registry", "alder");
     expect(await tryPut(registry, "config", "{}")).toBe(refusal("mesh-provisioner_registry", "config"));
+    // Nor list other nodes' keys through the stream's info, nor delete another reader's consumer.
+    const jsm = await (await bus.connect("alder")).jetstreamManager();
+    await expect(jsm.streams.info("KV_mesh-provisioner_needs", { subjects_filter: ">" })).rejects.toThrow(/Permissions Violation/);
+    await expect(jsm.consumers.delete("KV_mesh-provisioner_registry", "someone-elses")).rejects.toThrow(/Permissions Violation/);
   });
 
   it("lets a provider publish its own events and read the needs, not write them nor speak for another", async () => {
@@ -86,7 +91,56 @@ describe("the server enforces who writes what (SPEC §2)", () => {
   });
 });
 
+describe("replies", () => {
+  it("go to inboxes only: a request whose reply subject is a bucket's key is not answered", async () => {
+    const set = await startSet(bus);
+    try {
+      const alder = await bus.connect("alder");
+      const registry = await bus.kv("registry");
+      const before = (await registry.get("port"))!.revision;
+      alder.publish(VERB, JSON.stringify({ what: "registry", kind: "port" }), { reply: "$KV.mesh-provisioner_registry.port" });
+      alder.publish(STATUS, "{}", { reply: "$KV.mesh-provisioner_failing.keycloak.alder.forged" });
+      await alder.flush();
+      await request(alder, VERB, {}); // the set has handled both by now
+      expect((await registry.get("port"))!.revision).toBe(before);
+      expect(await (await bus.kv("failing")).get("keycloak.alder.forged")).toBeNull();
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("reach only their user: a node cannot listen on the inboxes of others", async () => {
+    const alder = await bus.connect("alder");
+    const errors: string[] = [];
+    void (async () => {
+      for await (const s of alder.status()) if (s.type === "error") errors.push(String(s.data));
+    })();
+    for (const subject of ["_INBOX.>", "_INBOX.birch.>", "_INBOX.mesh-provisioner.>"]) alder.subscribe(subject);
+    alder.subscribe("_INBOX.alder.>");
+    await alder.flush();
+    await new Promise((r) => setTimeout(r, 200));
+    // One refusal per foreign inbox; its own still works.
+    expect(errors).toEqual(["PERMISSIONS_VIOLATION", "PERMISSIONS_VIOLATION", "PERMISSIONS_VIOLATION"]);
+    const info = await (await alder.jetstreamManager()).getAccountInfo(); // its reply comes to _INBOX.alder.…
+    expect(info.streams).toBeGreaterThan(0);
+  });
+});
+
 describe("the seat's permissions, derived from the functions", () => {
+  it("refuse user names that are not one token, or name two users", async () => {
+    const config = await projectConfig();
+    const functions = await loadFunctions(config);
+    expect(() => authorization(config, functions, { nodes: ["*"], providers: ["a.b"] })).toThrow(
+      'a user\'s name must be one token (A-Z a-z 0-9 - _ / =): "*", "a.b"',
+    );
+    expect(() => authorization(config, functions, { nodes: ["mesh-provisioner"], providers: [] })).toThrow(
+      "a user is named twice (the seat, nodes and providers share one namespace): mesh-provisioner",
+    );
+    expect(() => toConf(authorization(config, functions, { nodes: ["a-b", "a_b"], providers: [] }))).toThrow(
+      "two users would share the password variable $A_B_PASSWORD: rename one of them",
+    );
+  });
+
   it("grant no JetStream or KV wildcard, and no write to a node-written bucket", async () => {
     const config = await projectConfig();
     const { publish, subscribe } = seatPermissions(config, await loadFunctions(config));
@@ -120,7 +174,7 @@ describe("the seat's permissions, derived from the functions", () => {
         const set = await start({
           config: { ...resolveConfig({ ...config, nats: { servers: [server.url], user: "mesh-provisioner", password: "seat-pw" }, http: { port: 0 } }, config.file, {}), root: config.root },
         });
-        const alder = await connect({ servers: server.url, user: "alder", pass: "alder-pw" });
+        const alder = await connect({ servers: server.url, user: "alder", pass: "alder-pw", inboxPrefix: "_INBOX.alder" });
         expect((await request(alder, VERB, { what: "registry", kind: "port" })).body.entries[0].value.module).toBe("mesh-controller");
         await alder.close();
         await set.stop();

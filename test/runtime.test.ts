@@ -251,6 +251,31 @@ export default defineFunction({
   });
 });
 
+describe("what a function may declare", () => {
+  it("refuses subjects of the server or of replies, wildcards that reach them, and writes to node buckets", async () => {
+    const fn = (name: string, body: string) => [name, `${header}export default defineFunction({ description: "x", ${body}, handler: () => 1 });\n`];
+    const dir = functionsFolder(
+      Object.fromEntries([
+        fn("purge.ts", `triggers: [{ subject: "$JS.API.STREAM.PURGE.KV_x" }]`),
+        fn("everything.ts", `triggers: [{ event: ">" }]`),
+        fn("inbox.ts", `triggers: [{ event: "_INBOX.>" }]`),
+        fn("wide.ts", `triggers: [{ subject: "w.x" }], access: { publishes: [">", "*.x", "$KV.b.>", "ok.>"] }`),
+        fn("writer.ts", `triggers: [{ subject: "w.y" }], access: { writes: ["needs"] }`),
+      ]),
+    );
+    const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
+    const f = (name: string) => shown(join(dir, name));
+    const RESERVED = "must not start with $ (the server's subjects) or _INBOX (replies)";
+    expect((failure as LoadError).problems).toEqual([
+      `${f("everything.ts")}: not a valid function: triggers.0.event: must not be > alone: that is every message of the bus`,
+      `${f("inbox.ts")}: not a valid function: triggers.0.event: ${RESERVED}`,
+      `${f("purge.ts")}: not a valid function: triggers.0.subject: ${RESERVED}`,
+      `${f("wide.ts")}: not a valid function: access.publishes.0: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.1: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.2: ${RESERVED}`,
+      `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (SPEC §2), never by the seat`,
+    ]);
+  });
+});
+
 describe("the config", () => {
   const FILE = join(ROOT, "wrangler-free.config.ts");
   const base = { seat: "s", buckets: { b: { bucket: "b", writtenBy: "seat" } } };
