@@ -168,6 +168,10 @@ const eventTrigger = z.strictObject({
     .string()
     .regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces")
     .refine((s) => !s.startsWith(">"), "must not be > alone: that is every message of the bus")
+    .refine(
+      (s) => s.startsWith(">") || s.split(".").some((t) => t !== "*" && t !== ">"),
+      "must hold a token besides wildcards: `*.>` is nearly every message of the bus, the server's own among them",
+    )
     .refine((s) => !reserved(s), RESERVED),
   stream: z.string().min(1).optional(),
 });

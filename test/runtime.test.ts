@@ -259,6 +259,7 @@ describe("what a function may declare", () => {
         fn("purge.ts", `triggers: [{ subject: "$JS.API.STREAM.PURGE.KV_x" }]`),
         fn("everything.ts", `triggers: [{ event: ">" }]`),
         fn("inbox.ts", `triggers: [{ event: "_INBOX.>" }]`),
+        fn("nearly-everything.ts", `triggers: [{ event: "*.>" }, { event: "*.*.*" }, { event: "*.provisioner.failing" }]`),
         fn("wide.ts", `triggers: [{ subject: "w.x" }], access: { publishes: [">", "*.x", "$KV.b.>", "ok.>"] }`),
         fn("writer.ts", `triggers: [{ subject: "w.y" }], access: { writes: ["needs"] }`),
       ]),
@@ -266,9 +267,11 @@ describe("what a function may declare", () => {
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
     const f = (name: string) => shown(join(dir, name));
     const RESERVED = "must not start with $ (the server's subjects) or _INBOX (replies)";
+    const ONLY_WILDCARDS = "must hold a token besides wildcards: `*.>` is nearly every message of the bus, the server's own among them";
     expect((failure as LoadError).problems).toEqual([
       `${f("everything.ts")}: not a valid function: triggers.0.event: must not be > alone: that is every message of the bus`,
       `${f("inbox.ts")}: not a valid function: triggers.0.event: ${RESERVED}`,
+      `${f("nearly-everything.ts")}: not a valid function: triggers.0.event: ${ONLY_WILDCARDS}; triggers.1.event: ${ONLY_WILDCARDS}`,
       `${f("purge.ts")}: not a valid function: triggers.0.subject: ${RESERVED}`,
       `${f("wide.ts")}: not a valid function: access.publishes.0: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.1: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.2: ${RESERVED}`,
       `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (SPEC §2), never by the seat`,
