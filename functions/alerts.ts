@@ -10,11 +10,11 @@ export default defineFunction({
   description: "Raises failing providers to Alertmanager (when alerts.alertmanager is set) and resolves them on recovery.",
   triggers: [{ cron: "*/30 * * * * *" }],
   config: alertsConfig,
-  access: { reads: ["failing"] },
+  access: { views: ["failing"] },
   handler: async (_input, ctx) => {
     const { alertmanager } = ctx.config.alerts;
     if (alertmanager === undefined) return { sent: 0, off: "alerts.alertmanager is not set" };
-    const alerts = alertsOf(await ctx.buckets.failing.records(">"), ctx.clock.now());
+    const alerts = alertsOf(await ctx.views.failing.records(">"), ctx.clock.now());
     if (alerts.length > 0) await postAlerts({ ...ctx.config.alerts, alertmanager }, alerts);
     return { sent: alerts.length, firing: alerts.filter((a) => a.endsAt === undefined).length };
   },

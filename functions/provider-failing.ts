@@ -6,11 +6,11 @@ export default defineFunction({
   description: "Follows <provider>.provisioner.failing: keeps the newest failing word per provider, machine and consumer.",
   triggers: [{ event: "*.provisioner.failing", stream: "events" }],
   input: failingEvent,
-  access: { writes: ["failing"] },
+  access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
     notAhead(event.at, ctx.clock.now());
-    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event });
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event }, ctx.views.failing);
     ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
     return { change };
   },

@@ -6,11 +6,11 @@ export default defineFunction({
   description: "Follows <provider>.provisioner.recovered: removes a failing older than the recovery.",
   triggers: [{ event: "*.provisioner.recovered", stream: "events" }],
   input: recoveredEvent,
-  access: { writes: ["failing"] },
+  access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
     notAhead(event.at, ctx.clock.now());
-    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event });
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event }, ctx.views.failing);
     ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
     return { change };
   },

@@ -6,6 +6,6 @@ export default defineFunction({
   description: "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the registry, refused events.",
   triggers: [{ subject: STATUS }, { http: "GET /status" }],
   input: statusRequest,
-  access: { reads: ["failing", "registry"] },
-  handler: (request, ctx) => readStatus(request, ctx.buckets, ctx.runtime, ctx.limits.maxPayload),
+  access: { views: ["failing", "registry"] },
+  handler: (request, ctx) => readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload),
 });

@@ -16,6 +16,12 @@ export interface KeyRecord extends Entry {
   readonly deleted: boolean;
 }
 
+/** Which part of a listing to return: the keys after `after` (in key order), at most `limit` of them. */
+export interface ListOptions {
+  readonly after?: string;
+  readonly limit?: number;
+}
+
 /** A bucket a function declared under `access.reads`: it can be read, never written. */
 export interface ReadBucket {
   /** The JetStream key-value bucket behind the handle. */
@@ -23,14 +29,14 @@ export interface ReadBucket {
   /** The live value of `key`, or `null` when the key is missing or deleted. */
   get(key: string): Promise<Entry | null>;
   /**
-   * Every live key matching any of `filters` (NATS subject wildcards `*` and `>`), in key order.
-   * The filtering is done by the server; the read reflects every write acknowledged before it.
+   * Every live key matching any of `filters` (NATS subject wildcards `*` and `>`), in key order,
+   * narrowed by `options`. The read reflects every write acknowledged before it.
    */
-  list(filters: string | readonly string[]): Promise<Entry[]>;
+  list(filters: string | readonly string[], options?: ListOptions): Promise<Entry[]>;
   /** The last record of `key`, a delete marker included; `null` when the key was never written. */
   last(key: string): Promise<KeyRecord | null>;
   /** Like {@link list}, with the delete markers of deleted keys too. */
-  records(filters: string | readonly string[]): Promise<KeyRecord[]>;
+  records(filters: string | readonly string[], options?: ListOptions): Promise<KeyRecord[]>;
 }
 
 /** A bucket a function declared under `access.writes`. Writes return the new revision. */
@@ -72,7 +78,8 @@ const WRONG_LAST_SEQUENCE = 10071;
  */
 export const MAX_KEY_BYTES = 2048;
 
-function checkedKey(bucket: string, key: string): string {
+/** `key` itself; throws when it is longer than {@link MAX_KEY_BYTES}. */
+export function checkedKey(bucket: string, key: string): string {
   const bytes = Buffer.byteLength(key);
   if (bytes > MAX_KEY_BYTES) {
     throw new Error(`${bucket}: a key or filter of ${bytes} bytes is longer than ${MAX_KEY_BYTES}`);
@@ -116,13 +123,17 @@ async function watchOnce(kv: KV, filter: string, deleted: boolean): Promise<KeyR
   return found;
 }
 
-/** The last records of every key matching any of `filters`, in key order. */
-async function read(kv: KV, bucket: string, filters: string | readonly string[], deleted: boolean): Promise<KeyRecord[]> {
-  const all = (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
-  const parts = await Promise.all(all.map((filter) => watchOnce(kv, filter, deleted)));
+/** `filters` as a list without repeats; throws when one is longer than {@link MAX_KEY_BYTES}. */
+export function filterList(bucket: string, filters: string | readonly string[]): string[] {
+  return (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
+}
+
+/** The last records of every key matching any of `filters`, in key order, narrowed by `options`. */
+async function read(kv: KV, bucket: string, filters: string | readonly string[], deleted: boolean, options: ListOptions = {}): Promise<KeyRecord[]> {
+  const parts = await Promise.all(filterList(bucket, filters).map((filter) => watchOnce(kv, filter, deleted)));
   const unique = new Map<string, KeyRecord>();
-  for (const entry of parts.flat()) unique.set(entry.key, entry);
-  return [...unique.values()].sort(byKey);
+  for (const entry of parts.flat()) if (options.after === undefined || entry.key > options.after) unique.set(entry.key, entry);
+  return [...unique.values()].sort(byKey).slice(0, options.limit ?? Infinity);
 }
 
 /** A read handle over an opened key-value bucket. */
@@ -132,13 +143,13 @@ export function readBucket(kv: KV, bucket: string): ReadBucket {
     async get(key: string) {
       return live(await kv.get(checkedKey(bucket, key)));
     },
-    async list(filters: string | readonly string[]) {
-      return (await read(kv, bucket, filters, false)).map(({ deleted: _, ...entry }) => entry);
+    async list(filters: string | readonly string[], options?: ListOptions) {
+      return (await read(kv, bucket, filters, false, options)).map(({ deleted: _, ...entry }) => entry);
     },
     async last(key: string) {
       return recordOf(await kv.get(checkedKey(bucket, key)));
     },
-    records: (filters: string | readonly string[]) => read(kv, bucket, filters, true),
+    records: (filters: string | readonly string[], options?: ListOptions) => read(kv, bucket, filters, true, options),
   });
 }
 

@@ -11,7 +11,8 @@ export type HttpMethod = (typeof HTTP_METHODS)[number];
  * - `{ subject }`: request/reply on a NATS subject, in the seat's queue group;
  * - `{ event, stream? }`: messages on a subject (wildcards allowed). With `stream` (a name in
  *   the config's `streams`), through a durable consumer of that stream: nothing published
- *   while the set is down is lost, a message is acknowledged once its handler returned, a
+ *   while the set is down is lost, up to 64 messages are handled at once in no set order (keep
+ *   state with compare-and-set writes), a message is acknowledged once its handler returned, a
  *   handler's fault is redelivered with backoff, a refused message is acknowledged and counted.
  *   Without, a plain subscription in the seat's queue group;
  * - `{ cron, onStart? }`: a cron schedule (5 or 6 fields), and once at start when `onStart`;
@@ -45,12 +46,18 @@ export interface Clock {
 }
 
 /** Everything a handler gets besides its input: only what its definition declared. */
-export interface Context<Reads extends string = never, Writes extends string = never, Config = unknown> {
+export interface Context<Reads extends string = never, Writes extends string = never, Config = unknown, Views extends string = never> {
   /** The function's name: its file name without `.ts`. */
   readonly function: string;
   readonly trigger: TriggerInfo;
   /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
   readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
+  /**
+   * A live view per bucket of `access.views`: the same reads as a {@link ReadBucket}, answered
+   * from the function set's memory instead of by the server, as fresh (every write acknowledged
+   * before the read is in it) at a cost that follows the answer, not the bucket.
+   */
+  readonly views: { readonly [B in Views]: ReadBucket };
   readonly log: Logger;
   /** The part of the deployment's config the function's `config` schema asked for, parsed. */
   readonly config: Config;
@@ -93,6 +100,7 @@ export interface FunctionDefinition<
   Input extends z.ZodType = z.ZodType,
   Config extends z.ZodObject = z.ZodObject,
   Output = unknown,
+  Views extends string = string,
 > {
   /** One sentence: what the function does. Printed at start. */
   readonly description: string;
@@ -102,18 +110,20 @@ export interface FunctionDefinition<
   /** Schema of the config fields the function reads; checked against the config at start. */
   readonly config?: Config;
   /**
-   * What the function may touch: buckets (by their name in the config's `buckets`) it reads and
-   * writes, and subjects (wildcards allowed) it publishes. The seat's permissions are derived
-   * from these, and `ctx` hands out nothing else.
+   * What the function may touch: buckets (by their name in the config's `buckets`) it reads,
+   * writes and reads through a live view (`views`: kept in memory by the function set, shared
+   * by every function naming the bucket), and subjects (wildcards allowed) it publishes. The
+   * seat's permissions are derived from these, and `ctx` hands out nothing else.
    */
   readonly access?: {
     readonly reads?: readonly Reads[];
     readonly writes?: readonly Writes[];
+    readonly views?: readonly Views[];
     readonly publishes?: readonly string[];
   };
   readonly handler: (
     input: z.output<Input>,
-    ctx: Context<Reads, Writes, z.output<Config>>,
+    ctx: Context<Reads, Writes, z.output<Config>, Views>,
   ) => Output | Promise<Output>;
 }
 
@@ -127,9 +137,10 @@ export function defineFunction<
   Input extends z.ZodType = z.ZodObject<{}, z.core.$strict>,
   Config extends z.ZodObject = z.ZodObject<{}>,
   Output = unknown,
+  const Views extends string = never,
 >(
-  definition: FunctionDefinition<Reads, Writes, Input, Config, Output>,
-): FunctionDefinition<Reads, Writes, Input, Config, Output> {
+  definition: FunctionDefinition<Reads, Writes, Input, Config, Output, Views>,
+): FunctionDefinition<Reads, Writes, Input, Config, Output, Views> {
   return definition;
 }
 
@@ -208,6 +219,7 @@ export const definitionSchema = z.strictObject({
     .strictObject({
       reads: bucketNames.optional(),
       writes: bucketNames.optional(),
+      views: bucketNames.optional(),
       publishes: z
         .array(
           z

@@ -19,7 +19,7 @@ import type { LoadedFunction } from "./loader.ts";
 
 /** How long a delivered message may go unacknowledged before the server redelivers it. */
 export const ACK_WAIT_MS = 30_000;
-/** Messages a durable consumer pulls at once. */
+/** Messages a durable consumer pulls at once, and handles at once. */
 const BATCH = 64;
 
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
@@ -108,7 +108,8 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
 /**
  * Binds every `{ event }` trigger. With a stream: asserts the streams, then one durable pull
  * consumer per trigger (named after the function, filtered on the event subject, explicit
- * acknowledgement), whose messages are handled one at a time. A message is acknowledged once
+ * acknowledgement), whose messages are handled up to {@link BATCH} at a time, in no set order
+ * (handlers that keep state must compare-and-set). A message is acknowledged once
  * its handler returned or it was refused and counted; on a fault it is negatively acknowledged
  * with {@link backoff}, so it comes again later, for ever until it succeeds. Without a stream:
  * a subscription in the seat's queue group (what is published while the set is down is lost).
@@ -153,21 +154,26 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
     const consumer = await nc.jetstream().consumers.get(stream, durable);
     const messages = await consumer.consume({ max_messages: BATCH });
     const loop = (async () => {
+      const running = new Set<Promise<void>>();
       for await (const m of messages) {
         if (stopping) {
           m.nak();
           continue;
         }
-        const verdict = await handle(host, fn, m.data, {
+        const one: Promise<void> = handle(host, fn, m.data, {
           kind: "event",
           subject: m.subject,
           stream,
           sequence: m.seq,
           deliveries: m.info.redeliveryCount,
-        });
-        if (verdict === "failed") m.nak(backoff(m.info.redeliveryCount));
-        else m.ack();
+        })
+          .then((verdict) => (verdict === "failed" ? m.nak(backoff(m.info.redeliveryCount)) : m.ack()))
+          .catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "event not handled"))
+          .finally(() => running.delete(one));
+        running.add(one);
+        if (running.size >= BATCH) await Promise.race(running);
       }
+      await Promise.all(running);
     })().catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "consumer stopped"));
     consumers.push({ messages, loop });
   }

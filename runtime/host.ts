@@ -6,6 +6,8 @@ import type { Clock, Context, TriggerInfo } from "./define.ts";
 import { AccessError, formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { recordsBucket, recorder, type Recorder } from "./records.ts";
+import { subjectMatches } from "./subjects.ts";
+import { openView, type LiveView } from "./views.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
 export type Outcome =
@@ -13,7 +15,7 @@ export type Outcome =
   | { readonly ok: false; readonly error: { readonly code: number; readonly message: string } };
 
 /** The context of a function seen from the runtime, whatever buckets and config it declared. */
-export type AnyContext = Context<string, string, unknown>;
+export type AnyContext = Context<string, string, unknown, string>;
 
 /** What every binding shares: the connection, the opened buckets, and how a function runs. */
 export interface Host {
@@ -29,6 +31,8 @@ export interface Host {
    * bad input is a 400, a {@link ServiceError} keeps its code, anything else is logged and a 500.
    */
   run(fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome>;
+  /** Stops the live views. */
+  close(): void;
 }
 
 export interface HostOptions {
@@ -36,17 +40,8 @@ export interface HostOptions {
   readonly config: Config;
   readonly log: Logger;
   readonly clock?: Clock;
-}
-
-/** Whether `subject` matches a NATS subject `pattern` (`*` one token, a final `>` one or more). */
-export function subjectMatches(pattern: string, subject: string): boolean {
-  const want = pattern.split(".");
-  const got = subject.split(".");
-  for (let i = 0; i < want.length; i++) {
-    if (want[i] === ">") return got.length > i;
-    if (i >= got.length || (want[i] !== "*" && want[i] !== got[i])) return false;
-  }
-  return want.length === got.length;
+  /** The functions whose `access.views` the host keeps live; none when absent. */
+  readonly functions?: readonly LoadedFunction[];
 }
 
 /** A read handle that refuses, naming the function and bucket, any write tried through it. */
@@ -57,12 +52,16 @@ function readOnly(fn: string, handle: ReadBucket): ReadBucket {
   return Object.freeze({ ...handle, create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") });
 }
 
-/** `ctx.buckets`: asking for a bucket of the config the function did not declare throws, naming both. */
-function guarded(fn: string, buckets: Readonly<Record<string, ReadBucket | WriteBucket>>, known: readonly string[]) {
+/** `ctx.buckets` or `ctx.views`: asking for a bucket of the config the function did not declare throws, naming both. */
+function guarded<T extends object>(fn: string, buckets: T, known: readonly string[], side: "buckets" | "views"): T {
   return new Proxy(buckets, {
     get(target, key, receiver) {
       if (typeof key === "string" && !(key in target) && known.includes(key)) {
-        throw new AccessError(`function ${fn} uses bucket ${key}, which its access does not declare`);
+        throw new AccessError(
+          side === "buckets"
+            ? `function ${fn} uses bucket ${key}, which its access does not declare`
+            : `function ${fn} uses a view of bucket ${key}, which its access.views does not declare`,
+        );
       }
       return Reflect.get(target, key, receiver);
     },
@@ -117,14 +116,42 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
   return opened;
 }
 
-/** Opens the host: asserts the buckets, then hands out contexts and runs functions. */
-export async function openHost({ nc, config, log, clock = { now: () => new Date() } }: HostOptions): Promise<Host> {
+/**
+ * Opens a live view ({@link openView}) of every bucket some function names in `access.views`,
+ * all at once, and waits until each has loaded its bucket.
+ */
+async function openViews(nc: NatsConnection, config: Config, kvs: Map<string, KV>, functions: readonly LoadedFunction[], log: Logger) {
+  const names = [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))];
+  const jsm = await nc.jetstreamManager();
+  const views = new Map<string, LiveView>();
+  try {
+    await Promise.all(
+      names.map(async (name) => {
+        const { bucket } = config.buckets[name]!;
+        const view = await openView(kvs.get(name)!, jsm, bucket, readBucket(kvs.get(name)!, bucket), log);
+        views.set(name, view);
+        await view.loaded;
+      }),
+    );
+  } catch (err) {
+    for (const view of views.values()) view.stop();
+    throw err;
+  }
+  return views;
+}
+
+/**
+ * Opens the host: asserts the buckets, loads the live views the functions declare, then hands
+ * out contexts and runs functions.
+ */
+export async function openHost({ nc, config, log, clock = { now: () => new Date() }, functions = [] }: HostOptions): Promise<Host> {
   const kvs = await assertBuckets(nc, config, log);
+  const views = await openViews(nc, config, kvs, functions, log);
   const js = nc.jetstream();
   const records = recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)));
   const runtime = Object.freeze({ lastRun: records.lastRun, refusedEvents: records.refusedEvents });
   const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
-  type Shared = Omit<Context<string, string, unknown>, "trigger" | "buckets"> & { buckets: AnyContext["buckets"] };
+  type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
 
   const prepared = (fn: LoadedFunction): Shared => {
@@ -134,10 +161,13 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     const buckets: Record<string, ReadBucket | WriteBucket> = {};
     for (const name of access?.reads ?? []) buckets[name] = readOnly(fn.name, readBucket(kvs.get(name)!, config.buckets[name]!.bucket));
     for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket);
+    const live: Record<string, ReadBucket> = {};
+    for (const name of access?.views ?? []) live[name] = readOnly(fn.name, views.get(name) ?? readBucket(kvs.get(name)!, config.buckets[name]!.bucket));
     const publishes = access?.publishes ?? [];
     shared = {
       function: fn.name,
-      buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets)) as AnyContext["buckets"],
+      buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets), "buckets") as AnyContext["buckets"],
+      views: guarded(fn.name, Object.freeze(live), Object.keys(config.buckets), "views"),
       log: log.child({ function: fn.name }),
       config: schema === undefined ? {} : schema.parse(config),
       clock,
@@ -180,7 +210,11 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     }
   };
 
-  return { nc, config, log, records, context, run };
+  const close = () => {
+    for (const view of views.values()) view.stop();
+  };
+
+  return { nc, config, log, records, context, run, close };
 }
 
 /**

@@ -121,7 +121,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   const claimed = new Set(Object.keys(configSchema.shape));
   for (const fn of functions) {
     const { access, config: schema } = fn.definition;
-    for (const side of ["reads", "writes"] as const) {
+    for (const side of ["reads", "writes", "views"] as const) {
       for (const bucket of access?.[side] ?? []) {
         if (!buckets.includes(bucket)) {
           problems.push(

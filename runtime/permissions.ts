@@ -74,7 +74,7 @@ export function durables(functions: readonly LoadedFunction[], config: Config): 
 export function seatPermissions(config: Config, functions: readonly LoadedFunction[]): Permissions {
   const runtime = recordsBucket(config.seat);
   const bucketOf = (name: string) => config.buckets[name]!.bucket;
-  const read = functions.flatMap((fn) => [...(fn.definition.access?.reads ?? []), ...(fn.definition.access?.writes ?? [])]);
+  const read = functions.flatMap(({ definition: { access } }) => [...(access?.reads ?? []), ...(access?.writes ?? []), ...(access?.views ?? [])]);
   const written = functions.flatMap((fn) => fn.definition.access?.writes ?? []).filter((b) => config.buckets[b]?.writtenBy === "seat");
   const streams = unique(
     functions.flatMap((fn) =>

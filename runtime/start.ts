@@ -66,15 +66,17 @@ export async function start(options: StartOptions): Promise<Running> {
   const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload, functions });
   const bindings: Binding[] = [];
   let http: ServerType | undefined;
+  let host: Host | undefined;
   let stopping: Promise<void> | undefined;
   const stop = () =>
     (stopping ??= (async () => {
       for (const binding of [...bindings].reverse()) await binding.stop();
       if (http !== undefined) await new Promise((resolve) => http!.close(resolve));
+      host?.close();
       await session.close();
     })());
   try {
-    const host = await openHost({ nc: session.nc, config, log, clock: options.clock });
+    host = await openHost({ nc: session.nc, config, log, clock: options.clock, functions });
     bindings.push(await bindSubjects(host, functions, versionOf(config)));
     http = await listen(httpApp(host, functions), config.http.host, config.http.port);
     bindings.push(await bindEvents(host, functions));

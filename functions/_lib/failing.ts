@@ -186,24 +186,30 @@ export function decide(kept: Kept, event: Event): { change: Change; write?: Writ
   return { change: "remembered", write: { recover: { recovered: at, ...(since ? { since } : {}) } } };
 }
 
+/** Compare-and-set rounds one event may lose before it is a fault. */
+const MAX_ATTEMPTS = 500;
+
 /**
  * Applies one event of `provider` to the failing bucket as {@link decide} says: a failing's
  * `{ word, since, at }` is the key's value; a recovery deletes the key, its delete marker
  * keeping `{ recovered, since }`. Every write is compare-and-set on the key's last revision,
- * decided again on a conflict, so replicas applying events of one triple at once never lose one.
+ * decided again on a conflict, so replicas (or concurrent runs) applying events of one triple at
+ * once never lose one. What is kept is read from `read` (the bucket itself by default, or a
+ * live view of it).
  */
-export async function applyEvent(bucket: WriteBucket, provider: string, event: Event): Promise<Change> {
+export async function applyEvent(bucket: WriteBucket, provider: string, event: Event, read: ReadBucket = bucket): Promise<Change> {
   const { machine, consumer } = event.event;
   const key = failingKey(provider, machine, consumer);
   for (let attempt = 0; ; attempt++) {
-    const kept = keptOf(await bucket.last(key));
+    const kept = keptOf(await read.last(key));
     const { change, write } = decide(kept, event);
     try {
       if (write !== undefined && "put" in write) await bucket.update(key, JSON.stringify(write.put), kept.revision);
       if (write !== undefined && "recover" in write) await bucket.delete(key, { revision: kept.revision, value: JSON.stringify(write.recover) });
       return change;
     } catch (err) {
-      if (!(err instanceof RevisionConflict) || attempt === 50) throw err;
+      // Each conflict means another write won: some run always progresses.
+      if (!(err instanceof RevisionConflict) || attempt === MAX_ATTEMPTS) throw err;
     }
   }
 }

@@ -145,8 +145,9 @@ const HEADROOM = 1024;
 const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 
 /**
- * One page of the answer (SPEC §4) from every entry the request's filters reached: in key
- * order, after the cursor's key, at most `limit` items, its JSON at most `maxPayload` bytes
+ * One page of the answer (SPEC §4) from the entries the request's filters reached, in key
+ * order (those after the cursor's key, and one more than `limit` is enough to know whether
+ * keys remain): after the cursor's key, at most `limit` items, its JSON at most `maxPayload` bytes
  * less a headroom. A value too large for any reply is said in `outOfShape`. `next` is present
  * only when keys remain.
  */

@@ -1,0 +1,91 @@
+import fc from "fast-check";
+import type { KV, NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "../runtime/buckets.ts";
+import { createLogger } from "../runtime/log.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { openView, type LiveView } from "../runtime/views.ts";
+import { testBus } from "./helpers.ts";
+
+// A live view answers the reads of a ReadBucket from memory: whatever was written, it must
+// answer exactly what the server answers.
+
+let bus: TestBus;
+let seat: NatsConnection;
+let kv: KV;
+let server: ReadBucket;
+let writer: WriteBucket;
+let view: LiveView;
+const BUCKET = "mesh-provisioner_views-probe";
+
+beforeAll(async () => {
+  // The probe bucket is none of the config's: the seat may use any subject here.
+  bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+  seat = await bus.connect();
+  kv = await seat.jetstream().views.kv(BUCKET, { history: 1, allow_direct: true });
+  server = readBucket(kv, BUCKET);
+  writer = writeBucket(kv, seat.jetstream(), BUCKET);
+  await writer.put("before.the.view", "1");
+  view = await openView(kv, await seat.jetstreamManager(), BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+  await view.loaded;
+});
+afterAll(async () => {
+  view.stop();
+  await bus.stop();
+});
+
+const tokenOf = fc.constantFrom("a", "b", "ab", "b-c", "a_", "z");
+const keyOf = fc.array(tokenOf, { minLength: 1, maxLength: 4 }).map((t) => t.join("."));
+const filterOf = fc
+  .tuple(fc.array(fc.oneof(tokenOf, fc.constant("*")), { minLength: 0, maxLength: 3 }), fc.boolean())
+  .filter(([tokens, more]) => tokens.length > 0 || more)
+  .map(([tokens, more]) => [...tokens, ...(more ? [">"] : [])].join("."));
+const operation = fc.oneof(
+  fc.record({ put: keyOf, value: fc.string() }),
+  fc.record({ del: keyOf, value: fc.string() }),
+);
+
+describe("a live view", () => {
+  it("answers get, last, list and records as the server does, after any writes and deletes", async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(operation, { maxLength: 25 }),
+        fc.array(filterOf, { minLength: 1, maxLength: 3 }),
+        fc.option(keyOf, { nil: undefined }),
+        fc.option(fc.integer({ min: 1, max: 8 }), { nil: undefined }),
+        keyOf,
+        async (operations, filters, after, limit, probe) => {
+          for (const op of operations) {
+            if ("put" in op) await writer.put(op.put, op.value);
+            else await writer.delete(op.del, { value: op.value });
+          }
+          const options = { after, limit };
+          expect(await view.list(filters, options)).toEqual(await server.list(filters, options));
+          expect(await view.records(filters, options)).toEqual(await server.records(filters, options));
+          expect(await view.get(probe)).toEqual(await server.get(probe));
+          expect(await view.last(probe)).toEqual(await server.last(probe));
+        },
+      ),
+      { numRuns: 60 },
+    );
+    expect((await view.get("before.the.view"))?.revision).toBe(1);
+  });
+
+  it("has every acknowledged write the moment the write returns", async () => {
+    for (let i = 0; i < 200; i++) {
+      const revision = await writer.put(`fresh.${i}`, String(i));
+      expect((await view.get(`fresh.${i}`))?.revision).toBe(revision);
+      expect(view.sequence()).toBeGreaterThanOrEqual(revision);
+    }
+  });
+
+  it("reads from the server once stopped", async () => {
+    const stopped = await openView(kv, await seat.jetstreamManager(), BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+    await stopped.loaded;
+    stopped.stop();
+    await new Promise((r) => setTimeout(r, 50));
+    const revision = await writer.put("after.stop", "late");
+    expect((await stopped.get("after.stop"))?.revision).toBe(revision);
+    expect((await stopped.list("after.>")).map((e) => e.key)).toEqual(["after.stop"]);
+  });
+});
