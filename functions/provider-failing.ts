@@ -10,8 +10,8 @@ export default defineFunction({
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
     notAhead(event.at, ctx.clock.now());
-    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event }, ctx.views.failing);
-    ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event }, ctx.views.failing.local);
+    ctx.log.debug({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
     return { change };
   },
 });

@@ -10,8 +10,8 @@ export default defineFunction({
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
     notAhead(event.at, ctx.clock.now());
-    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event }, ctx.views.failing);
-    ctx.log.info({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
+    const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event }, ctx.views.failing.local);
+    ctx.log.debug({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
     return { change };
   },
 });

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { Logger } from "pino";
 import type { ReadBucket, WriteBucket } from "./buckets.ts";
+import type { ViewBucket } from "./views.ts";
 
 /** HTTP methods a function can be bound to. */
 export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
@@ -57,7 +58,7 @@ export interface Context<Reads extends string = never, Writes extends string = n
    * from the function set's memory instead of by the server, as fresh (every write acknowledged
    * before the read is in it) at a cost that follows the answer, not the bucket.
    */
-  readonly views: { readonly [B in Views]: ReadBucket };
+  readonly views: { readonly [B in Views]: ViewBucket };
   readonly log: Logger;
   /** The part of the deployment's config the function's `config` schema asked for, parsed. */
   readonly config: Config;

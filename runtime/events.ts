@@ -7,6 +7,7 @@ import {
   StorageType,
   type ConsumerMessages,
   type JetStreamManager,
+  type JsMsg,
   type NatsConnection,
   type Subscription,
 } from "nats";
@@ -16,6 +17,7 @@ import type { Config } from "./config.ts";
 import type { TriggerInfo } from "./define.ts";
 import type { Host } from "./host.ts";
 import type { LoadedFunction } from "./loader.ts";
+import { subjectMatches } from "./subjects.ts";
 
 /** How long a delivered message may go unacknowledged before the server redelivers it. */
 export const ACK_WAIT_MS = 30_000;
@@ -27,8 +29,13 @@ export function backoff(deliveries: number): number {
   return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
 }
 
-/** A `{ event, stream }` trigger's durable consumer: the function's name, `-<n>` from its second one. */
-export const durableOf = (fn: LoadedFunction, i: number) => (i === 0 ? fn.name : `${fn.name}-${i + 1}`);
+/**
+ * The durable consumer of a stream: one per stream for the whole function set (every replica
+ * shares it), named after the seat, taking every message of the stream. Unfiltered, because
+ * nats-server 2.9 counts a filtered consumer's pending messages by scanning the stream on each
+ * delivery, which slows it as the stream grows.
+ */
+export const durableOf = (config: Config) => config.seat;
 
 /** The subjects each configured stream must capture: the `event` of every trigger naming it. */
 export function streamSubjects(functions: readonly LoadedFunction[]): Map<string, string[]> {
@@ -107,12 +114,14 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
 
 /**
  * Binds every `{ event }` trigger. With a stream: asserts the streams, then one durable pull
- * consumer per trigger (named after the function, filtered on the event subject, explicit
- * acknowledgement), whose messages are handled up to {@link BATCH} at a time, in no set order
- * (handlers that keep state must compare-and-set). A message is acknowledged once
- * its handler returned or it was refused and counted; on a fault it is negatively acknowledged
- * with {@link backoff}, so it comes again later, for ever until it succeeds. Without a stream:
- * a subscription in the seat's queue group (what is published while the set is down is lost).
+ * consumer per stream ({@link durableOf}: explicit acknowledgement, every message of the
+ * stream), whose messages go to every trigger of that stream whose `event` matches the
+ * subject, up to {@link BATCH} messages at a time, in no set order (handlers that keep state
+ * must compare-and-set). A message is acknowledged once each of its handlers returned or refused
+ * it (refusals counted); when one faulted it is negatively acknowledged with {@link backoff}, so
+ * it comes again later, for ever until every handler succeeds (each must bear running twice).
+ * A message no trigger takes is acknowledged. Without a stream: a subscription in the seat's
+ * queue group (what is published while the set is down is lost).
  */
 export async function bindEvents(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
   const triggers = triggersOf(functions, "event");
@@ -125,24 +134,25 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
   const consumers: { messages: ConsumerMessages; loop: Promise<void> }[] = [];
   let stopping = false;
 
-  for (const { fn, trigger, i } of triggers) {
-    if (trigger.stream === undefined) {
-      subscriptions.push(
-        nc.subscribe(trigger.event, {
-          queue: host.config.seat,
-          callback: (err, msg) => {
-            if (err) return host.log.error({ function: fn.name, err }, "subscription stopped");
-            void handle(host, fn, msg.data, { kind: "event", subject: msg.subject });
-          },
-        }),
-      );
-      continue;
-    }
-    const stream = host.config.streams[trigger.stream]!.stream;
-    const durable = durableOf(fn, i);
+  for (const { fn, trigger } of triggers) {
+    if (trigger.stream !== undefined) continue;
+    subscriptions.push(
+      nc.subscribe(trigger.event, {
+        queue: host.config.seat,
+        callback: (err, msg) => {
+          if (err) return host.log.error({ function: fn.name, err }, "subscription stopped");
+          void handle(host, fn, msg.data, { kind: "event", subject: msg.subject });
+        },
+      }),
+    );
+  }
+
+  const durable = durableOf(host.config);
+  for (const name of new Set(triggers.flatMap(({ trigger }) => (trigger.stream === undefined ? [] : [trigger.stream])))) {
+    const stream = host.config.streams[name]!.stream;
+    const takers = triggers.filter(({ trigger }) => trigger.stream === name);
     await jsm.consumers.add(stream, {
       durable_name: durable,
-      filter_subject: trigger.event,
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.All,
       ack_wait: nanos(ACK_WAIT_MS),
@@ -153,6 +163,13 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
     });
     const consumer = await nc.jetstream().consumers.get(stream, durable);
     const messages = await consumer.consume({ max_messages: BATCH });
+    const one = async (m: JsMsg) => {
+      const info = { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount } as const;
+      const matched = takers.filter(({ trigger }) => subjectMatches(trigger.event, m.subject));
+      const verdicts = await Promise.all(matched.map(({ fn }) => handle(host, fn, m.data, info)));
+      if (verdicts.includes("failed")) m.nak(backoff(m.info.redeliveryCount));
+      else m.ack();
+    };
     const loop = (async () => {
       const running = new Set<Promise<void>>();
       for await (const m of messages) {
@@ -160,21 +177,14 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
           m.nak();
           continue;
         }
-        const one: Promise<void> = handle(host, fn, m.data, {
-          kind: "event",
-          subject: m.subject,
-          stream,
-          sequence: m.seq,
-          deliveries: m.info.redeliveryCount,
-        })
-          .then((verdict) => (verdict === "failed" ? m.nak(backoff(m.info.redeliveryCount)) : m.ack()))
-          .catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "event not handled"))
-          .finally(() => running.delete(one));
-        running.add(one);
+        const handled: Promise<void> = one(m)
+          .catch((err: unknown) => host.log.error({ stream, durable, err }, "event not handled"))
+          .finally(() => running.delete(handled));
+        running.add(handled);
         if (running.size >= BATCH) await Promise.race(running);
       }
       await Promise.all(running);
-    })().catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "consumer stopped"));
+    })().catch((err: unknown) => host.log.error({ stream, durable, err }, "consumer stopped"));
     consumers.push({ messages, loop });
   }
 

@@ -7,7 +7,7 @@ import { AccessError, formatIssues, refusalMessage, ServiceError } from "./error
 import type { LoadedFunction } from "./loader.ts";
 import { recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
-import { openView, type LiveView } from "./views.ts";
+import { openView, type LiveView, type ViewBucket } from "./views.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
 export type Outcome =
@@ -122,13 +122,12 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
  */
 async function openViews(nc: NatsConnection, config: Config, kvs: Map<string, KV>, functions: readonly LoadedFunction[], log: Logger) {
   const names = [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))];
-  const jsm = await nc.jetstreamManager();
   const views = new Map<string, LiveView>();
   try {
     await Promise.all(
       names.map(async (name) => {
         const { bucket } = config.buckets[name]!;
-        const view = await openView(kvs.get(name)!, jsm, bucket, readBucket(kvs.get(name)!, bucket), log);
+        const view = await openView(nc, kvs.get(name)!, bucket, readBucket(kvs.get(name)!, bucket), log);
         views.set(name, view);
         await view.loaded;
       }),
@@ -161,8 +160,12 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     const buckets: Record<string, ReadBucket | WriteBucket> = {};
     for (const name of access?.reads ?? []) buckets[name] = readOnly(fn.name, readBucket(kvs.get(name)!, config.buckets[name]!.bucket));
     for (const name of access?.writes ?? []) buckets[name] = writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket);
-    const live: Record<string, ReadBucket> = {};
-    for (const name of access?.views ?? []) live[name] = readOnly(fn.name, views.get(name) ?? readBucket(kvs.get(name)!, config.buckets[name]!.bucket));
+    const live: Record<string, ViewBucket> = {};
+    for (const name of access?.views ?? []) {
+      // Without a view (a host opened for one function), the server answers both ways.
+      const view: ViewBucket = views.get(name) ?? { ...readBucket(kvs.get(name)!, config.buckets[name]!.bucket), local: readBucket(kvs.get(name)!, config.buckets[name]!.bucket) };
+      live[name] = { ...readOnly(fn.name, view), local: readOnly(fn.name, view.local) };
+    }
     const publishes = access?.publishes ?? [];
     shared = {
       function: fn.name,

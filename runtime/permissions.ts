@@ -48,17 +48,10 @@ export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
   return unique(functions.flatMap((fn) => fn.definition.triggers.flatMap((t) => ("subject" in t ? [t.subject] : []))));
 }
 
-/** The durable consumers of a function set's `{ event, stream }` triggers: stream and durable names. */
+/** The durable consumers of a function set's `{ event, stream }` triggers: one per stream ({@link durableOf}). */
 export function durables(functions: readonly LoadedFunction[], config: Config): { stream: string; durable: string }[] {
-  return functions.flatMap((fn) =>
-    fn.definition.triggers
-      .filter((t) => "event" in t)
-      .flatMap((t, i) =>
-        "event" in t && t.stream !== undefined
-          ? [{ stream: config.streams[t.stream]!.stream, durable: durableOf(fn, i) }]
-          : [],
-      ),
-  );
+  const streams = new Set(functions.flatMap((fn) => fn.definition.triggers.flatMap((t) => ("event" in t && t.stream !== undefined ? [t.stream] : []))));
+  return [...streams].map((name) => ({ stream: config.streams[name]!.stream, durable: durableOf(config) }));
 }
 
 /**
@@ -74,6 +67,7 @@ export function durables(functions: readonly LoadedFunction[], config: Config): 
 export function seatPermissions(config: Config, functions: readonly LoadedFunction[]): Permissions {
   const runtime = recordsBucket(config.seat);
   const bucketOf = (name: string) => config.buckets[name]!.bucket;
+  const viewed = unique(functions.flatMap(({ definition: { access } }) => access?.views ?? []));
   const read = functions.flatMap(({ definition: { access } }) => [...(access?.reads ?? []), ...(access?.writes ?? []), ...(access?.views ?? [])]);
   const written = functions.flatMap((fn) => fn.definition.access?.writes ?? []).filter((b) => config.buckets[b]?.writtenBy === "seat");
   const streams = unique(
@@ -93,6 +87,8 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.CREATE.${kvStream(b)}`,
         ]),
         ...[...read.map(bucketOf), runtime].flatMap((b) => readsBucket(b)),
+        // A live view asks for the first message after the last it applied (any subject).
+        ...viewed.map((b) => `$JS.API.DIRECT.GET.${kvStream(bucketOf(b))}`),
         ...[...written.map(bucketOf), runtime].map((b) => `$KV.${b}.>`),
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
         ...durables(functions, config).flatMap(({ stream, durable }) => [

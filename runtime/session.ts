@@ -90,7 +90,8 @@ export function withoutPassword(url: string): string {
 export async function connectTo(servers: readonly string[], options: Partial<ConnectionOptions>): Promise<NatsConnection> {
   try {
     const inboxPrefix = options.user ? inboxOf(options.user) : "_INBOX";
-    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, ...options });
+    // No async stack traces: they cost an Error per request, and errors are logged by message.
+    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, noAsyncTraces: true, ...options });
   } catch (err) {
     const { code, message } = err as { code?: string; message: string };
     const reason =

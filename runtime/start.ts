@@ -27,6 +27,8 @@ export interface Running {
   readonly embedded: boolean;
   readonly functions: readonly LoadedFunction[];
   readonly host: Host;
+  /** Milliseconds from the call of {@link start} until every trigger was bound and the views loaded. */
+  readonly readyMs: number;
   /** Unbinds every trigger, closes HTTP, drains the connection and stops the embedded server. */
   stop(): Promise<void>;
 }
@@ -60,6 +62,7 @@ function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Pr
  * opened, when any step fails; the error says which.
  */
 export async function start(options: StartOptions): Promise<Running> {
+  const began = performance.now();
   const { config } = options;
   const log = options.log ?? createLogger();
   const functions = await loadFunctions(config);
@@ -88,6 +91,7 @@ export async function start(options: StartOptions): Promise<Running> {
       embedded: session.embedded !== undefined,
       functions,
       host,
+      readyMs: Math.round(performance.now() - began),
       stop,
     };
   } catch (err) {
@@ -109,6 +113,7 @@ export function describe(running: Running): string[] {
   return [
     `NATS  ${running.natsUrl}${running.embedded ? " (embedded nats-server)" : ""}`,
     `HTTP  ${running.httpUrl}`,
+    `ready in ${running.readyMs} ms`,
     "functions:",
     ...running.functions.map(
       (fn) => `  ${fn.name.padEnd(width)}  ${fn.definition.triggers.map(describeTrigger).join(", ")}`,

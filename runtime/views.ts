@@ -1,5 +1,5 @@
 import { createRequire } from "node:module";
-import type { JetStreamManager, KV, KvEntry, QueuedIterator } from "nats";
+import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
 import type { Logger } from "pino";
 import { checkedKey, filterList, type Entry, type KeyRecord, type ListOptions, type ReadBucket } from "./buckets.ts";
 import { subjectMatches } from "./subjects.ts";
@@ -14,8 +14,21 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
  */
 export const CATCH_UP_MS = 2000;
 
-/** A live view: a {@link ReadBucket} answered from memory, and how to stop it. */
-export interface LiveView extends ReadBucket {
+/**
+ * A bucket read through a live view: the reads of a {@link ReadBucket}, answered from memory once
+ * the view holds every write acknowledged before the read.
+ */
+export interface ViewBucket extends ReadBucket {
+  /**
+   * The same reads answered from what the view holds now, without first asking the server
+   * whether it holds everything: the latest writes may be missing. For compare-and-set writers,
+   * whose write based on a stale revision fails and can be decided again.
+   */
+  readonly local: ReadBucket;
+}
+
+/** A live view and how to stop it. */
+export interface LiveView extends ViewBucket {
   /** Resolves when the view holds the bucket as it was when the view was opened. */
   readonly loaded: Promise<void>;
   /** The stream sequence of the last record the view applied. */
@@ -25,11 +38,11 @@ export interface LiveView extends ReadBucket {
 }
 
 /**
- * A coalescing reader of a stream's last sequence: a caller gets a sequence read by a request
- * sent after it called, and callers that arrive while one request is out share the next one, so
- * at most two are ever out.
+ * Coalesces an asking of the server: a caller gets the answer of a request sent after it
+ * called, and callers that arrive while one request is out share the next one, so at most two
+ * are ever out.
  */
-function lastSequenceReader(read: () => Promise<number>): () => Promise<number> {
+function coalesced(read: () => Promise<number>): () => Promise<number> {
   let inFlight: Promise<number> | undefined;
   let queued: Promise<number> | undefined;
   const send = () => {
@@ -61,20 +74,17 @@ function literalPrefix(filter: string): string | undefined {
 /**
  * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
  * every key (`$KV.<bucket>.>`, last values then updates) kept in a B+ tree by key, delete
- * markers included. Every read first waits until the view has applied the stream's last
- * sequence, read with `$JS.API.STREAM.INFO.KV_<bucket>` after the read was asked (concurrent
- * reads share one request), so it reflects every write acknowledged before it (SPEC §4), like
- * `server`'s reads; reads that would wait longer than {@link CATCH_UP_MS} go to `server`.
- * Keys are in JavaScript string order, as `server` sorts them.
+ * markers included. Every read first makes sure the view holds every write acknowledged before
+ * it was asked (SPEC §4), as `server`'s reads do: a direct get
+ * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message after the last one the view applied
+ * finds none, or else the view waits for the stream's last sequence
+ * (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would
+ * wait longer than {@link CATCH_UP_MS} go to `server`. Keys are in JavaScript string order, as
+ * `server` sorts them.
  */
-export async function openView(
-  kv: KV,
-  jsm: JetStreamManager,
-  bucket: string,
-  server: ReadBucket,
-  log: Logger,
-): Promise<LiveView> {
+export async function openView(nc: NatsConnection, kv: KV, bucket: string, server: ReadBucket, log: Logger): Promise<LiveView> {
   const stream = `KV_${bucket}`;
+  const jsm = await nc.jetstreamManager();
   const tree = new BTree<string, KeyRecord>();
   let applied = 0;
   let stopped = false;
@@ -115,16 +125,23 @@ export async function openView(
       for (const waiter of waiters) waiter.done(false);
     });
 
-  const lastSequence = lastSequenceReader(async () => (await jsm.streams.info(stream)).state.last_seq);
+  const probe = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
+  /** The stream sequence the view must reach to hold every write acknowledged before the call. */
+  const target = coalesced(async () => {
+    const held = applied;
+    const reply = await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${held + 1},${probe}`, { timeout: 5000 });
+    if (reply.headers?.code === 404) return held;
+    return (await jsm.streams.info(stream)).state.last_seq;
+  });
 
   /** Whether the view holds every write acknowledged before the call. */
   const caughtUp = async (): Promise<boolean> => {
     if (stopped) return false;
-    const target = await lastSequence();
-    if (target <= applied) return true;
+    const wanted = await target();
+    if (wanted <= applied) return true;
     return new Promise<boolean>((resolve) => {
       const waiter = {
-        target,
+        target: wanted,
         done: (reached: boolean) => {
           clearTimeout(timer);
           waiters.delete(waiter);
@@ -132,7 +149,7 @@ export async function openView(
         },
       };
       const timer = setTimeout(() => {
-        log.warn({ bucket, applied, target }, "view behind the stream; reading from the server");
+        log.warn({ bucket, applied, target: wanted }, "view behind the stream; reading from the server");
         waiter.done(false);
       }, CATCH_UP_MS);
       waiters.add(waiter);
@@ -178,32 +195,29 @@ export async function openView(
 
   const live = ({ deleted: _, ...entry }: KeyRecord): Entry => entry;
 
+  const local: ReadBucket = Object.freeze({
+    bucket,
+    async get(key: string) {
+      const record = tree.get(checkedKey(bucket, key));
+      return record === undefined || record.deleted ? null : live(record);
+    },
+    last: async (key: string) => tree.get(checkedKey(bucket, key)) ?? null,
+    list: async (filters: string | readonly string[], options: ListOptions = {}) => collect(filters, options, false).map(live),
+    records: async (filters: string | readonly string[], options: ListOptions = {}) => collect(filters, options, true),
+  });
+
   return {
     bucket,
     loaded,
+    local,
     sequence: () => applied,
     stop: () => {
       stopped = true;
       watch.stop();
     },
-    async get(key) {
-      checkedKey(bucket, key);
-      if (!(await caughtUp())) return server.get(key);
-      const record = tree.get(key);
-      return record === undefined || record.deleted ? null : live(record);
-    },
-    async last(key) {
-      checkedKey(bucket, key);
-      if (!(await caughtUp())) return server.last(key);
-      return tree.get(key) ?? null;
-    },
-    async list(filters, options = {}) {
-      if (!(await caughtUp())) return server.list(filters, options);
-      return collect(filters, options, false).map(live);
-    },
-    async records(filters, options = {}) {
-      if (!(await caughtUp())) return server.records(filters, options);
-      return collect(filters, options, true);
-    },
+    get: async (key) => ((await caughtUp()) ? local : server).get(key),
+    last: async (key) => ((await caughtUp()) ? local : server).last(key),
+    list: async (filters, options) => ((await caughtUp()) ? local : server).list(filters, options),
+    records: async (filters, options) => ((await caughtUp()) ? local : server).records(filters, options),
   };
 }

@@ -94,7 +94,7 @@ describe("event triggers", () => {
         count: 2,
         last: { subject: "probe.ev.c", reason: "n: Invalid input: expected number, received string" },
       });
-      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "probe-events");
+      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "mesh-provisioner");
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
       await sleep(1500); // nothing refused comes back
       expect(seen()).toHaveLength(3);

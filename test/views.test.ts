@@ -26,7 +26,7 @@ beforeAll(async () => {
   server = readBucket(kv, BUCKET);
   writer = writeBucket(kv, seat.jetstream(), BUCKET);
   await writer.put("before.the.view", "1");
-  view = await openView(kv, await seat.jetstreamManager(), BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+  view = await openView(seat, kv, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
   await view.loaded;
 });
 afterAll(async () => {
@@ -80,7 +80,7 @@ describe("a live view", () => {
   });
 
   it("reads from the server once stopped", async () => {
-    const stopped = await openView(kv, await seat.jetstreamManager(), BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+    const stopped = await openView(seat, kv, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
     await stopped.loaded;
     stopped.stop();
     await new Promise((r) => setTimeout(r, 50));

@@ -49,11 +49,13 @@ function inRange(at: string): boolean {
  * An RFC 3339 time with its offset (`2026-11-29T18:00:00Z`, `…T19:00:00.5+01:00`), naming an
  * instant of the years 0000 to 9999 in UTC (so it can be written back as RFC 3339).
  */
+const isoDatetime = z.iso.datetime({ offset: true });
+
 export const rfc3339 = z
   .string()
   .max(64, "must be an RFC 3339 time of at most 64 characters")
   .refine(
-    (s) => PARTS.test(s.toUpperCase()) && z.iso.datetime({ offset: true }).safeParse(s.toUpperCase()).success && inRange(s),
+    (s) => PARTS.test(s.toUpperCase()) && isoDatetime.safeParse(s.toUpperCase()).success && inRange(s),
     "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z",
   );
 
@@ -194,14 +196,14 @@ const MAX_ATTEMPTS = 500;
  * `{ word, since, at }` is the key's value; a recovery deletes the key, its delete marker
  * keeping `{ recovered, since }`. Every write is compare-and-set on the key's last revision,
  * decided again on a conflict, so replicas (or concurrent runs) applying events of one triple at
- * once never lose one. What is kept is read from `read` (the bucket itself by default, or a
- * live view of it).
+ * once never lose one. What is kept is first read from `held` (a live view's local reads, which
+ * may lag: a stale revision only makes the write fail), after a conflict from the bucket.
  */
-export async function applyEvent(bucket: WriteBucket, provider: string, event: Event, read: ReadBucket = bucket): Promise<Change> {
+export async function applyEvent(bucket: WriteBucket, provider: string, event: Event, held: ReadBucket = bucket): Promise<Change> {
   const { machine, consumer } = event.event;
   const key = failingKey(provider, machine, consumer);
   for (let attempt = 0; ; attempt++) {
-    const kept = keptOf(await read.last(key));
+    const kept = keptOf(await (attempt === 0 ? held : bucket).last(key));
     const { change, write } = decide(kept, event);
     try {
       if (write !== undefined && "put" in write) await bucket.update(key, JSON.stringify(write.put), kept.revision);

@@ -95,8 +95,13 @@ const fingerprint = (request: ProvisioningRequest) =>
 
 /** The opaque cursor of the page after `key`, tied to the request's narrowing. */
 export function cursorAfter(request: ProvisioningRequest, key: string): string {
-  return Buffer.from(JSON.stringify({ after: key, of: fingerprint(request) })).toString("base64url");
+  return cursorOf(key, fingerprint(request));
 }
+
+const cursorOf = (key: string, of: string) => Buffer.from(JSON.stringify({ after: key, of })).toString("base64url");
+
+/** Bytes of `{"next":"<cursor>"}` for a cursor after `key`, without making it: base64url of the cursor's JSON. */
+const nextBytes = (key: string, of: string) => 11 + Math.ceil(((Buffer.byteLength(JSON.stringify(key)) + of.length + 18) * 4) / 3);
 
 /** The key a request's cursor continues after; throws a 400 for a cursor not issued for it. */
 export function cursorKey(request: ProvisioningRequest): string | undefined {
@@ -154,6 +159,7 @@ const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 export function answerPage(request: ProvisioningRequest, reached: readonly Entry[], maxPayload: number): Answer {
   const after = cursorKey(request);
   const rows = after === undefined ? reached : reached.filter((e) => e.key > after);
+  const of = fingerprint(request);
   const budget = maxPayload - HEADROOM;
   const entries: Record<string, unknown>[] = [];
   const outOfShape: OutOfShape[] = [];
@@ -163,7 +169,7 @@ export function answerPage(request: ProvisioningRequest, reached: readonly Entry
     if (taken === request.limit) break;
     let item = itemOf(request.what, row);
     let itemSize = bytes("entry" in item ? item.entry : item.outOfShape) + 1;
-    const nextSize = bytes({ next: cursorAfter(request, row.key) });
+    const nextSize = nextBytes(row.key, of);
     if (size + itemSize + nextSize > budget) {
       if (taken > 0) break;
       item = { outOfShape: { key: row.key, reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})` } };
@@ -175,5 +181,5 @@ export function answerPage(request: ProvisioningRequest, reached: readonly Entry
     taken++;
   }
   const answer: Answer = { what: request.what, entries, outOfShape };
-  return taken < rows.length ? { ...answer, next: cursorAfter(request, rows[taken - 1]!.key) } : answer;
+  return taken < rows.length ? { ...answer, next: cursorOf(rows[taken - 1]!.key, of) } : answer;
 }

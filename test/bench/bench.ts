@@ -1,0 +1,378 @@
+/**
+ * `npm run bench`: the function set against its physical floor and against a client reading
+ * the buckets itself, in one run on one embedded nats-server. Prints a table of figures and
+ * their ratios to the targets, and writes them to `test/bench/results.json`. Figures, not
+ * tests: nothing here fails on a figure. See test/bench/README.md.
+ *
+ * Processes: this one (the server's owner, the data writer, every client), the function set
+ * (`mesh-provisioner start`, as it runs in production) and the `echo` responder, each its own.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, tmpdir, totalmem } from "node:os";
+import { join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { AckPolicy, connect, DeliverPolicy, type KV, type NatsConnection } from "nats";
+import { Bench } from "tinybench";
+import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openHost } from "../../runtime/index.ts";
+import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
+import { durableOf } from "../../runtime/events.ts";
+import { createLogger } from "../../runtime/log.ts";
+import { authorization } from "../../runtime/permissions.ts";
+import { VERB } from "../../functions/_lib/provisioning.ts";
+
+const ROOT = resolve(import.meta.dirname, "../..");
+const RESULTS = join(import.meta.dirname, "results.json");
+const NODES = 1000;
+const MODULES = 10;
+const PER_MODULE = 10;
+const EVENTS = 10_000;
+const CONCURRENT = 32;
+const CONCURRENT_MS = 5000;
+const LATENCY_MS = 2000;
+
+const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
+const functions = await loadFunctions(config);
+const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
+const children: ChildProcess[] = [];
+let server: EmbeddedServer | undefined;
+
+process.on("exit", () => {
+  for (const child of children) child.kill("SIGKILL");
+});
+
+const line = (text: string) => process.stdout.write(`${text}\n`);
+const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/** Spawns a process of this project and resolves once a line of its stdout matches `ready`. */
+async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ process: ChildProcess; line: string }> {
+  const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "inherit"] });
+  children.push(proc);
+  return new Promise((resolvePromise, reject) => {
+    const lines = createInterface({ input: proc.stdout! });
+    lines.on("line", (text) => {
+      if (ready.test(text)) resolvePromise({ process: proc, line: text });
+    });
+    proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
+  });
+}
+
+async function stopChild(proc: ChildProcess): Promise<void> {
+  if (proc.exitCode !== null) return;
+  const exited = new Promise((r) => proc.once("exit", r));
+  proc.kill("SIGTERM");
+  await exited;
+}
+
+/** Kibibytes of resident memory of a process, from /proc. */
+const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) * 1024;
+
+/** Every key of `kv` read with one unfiltered (or filtered) watch, each value parsed as a client would. */
+async function watchRead(kv: KV, key = ">"): Promise<number> {
+  let count = 0;
+  let done = false;
+  const iterator = await kv.watch({ key, initializedFn: () => (done = true) });
+  if (done) iterator.stop();
+  for await (const entry of iterator) {
+    if (entry.operation === "PUT") JSON.parse(entry.string());
+    count++;
+    if (entry.delta === 0) iterator.stop();
+  }
+  return count;
+}
+
+/** p50 and mean of `task` in milliseconds, with tinybench. */
+async function latency(tasks: Record<string, () => Promise<unknown>>): Promise<Record<string, { p50: number; mean: number; samples: number }>> {
+  const bench = new Bench({ time: LATENCY_MS, warmupTime: 300 });
+  for (const [name, fn] of Object.entries(tasks)) bench.add(name, fn);
+  await bench.run();
+  return Object.fromEntries(
+    bench.tasks.map((t) => {
+      const r = t.result as unknown as { latency: { p50: number; mean: number; samplesCount: number } };
+      return [t.name, { p50: r.latency.p50, mean: r.latency.mean, samples: r.latency.samplesCount }];
+    }),
+  );
+}
+
+/** Requests per second of `CONCURRENT` requesters, each on its own connection, for `CONCURRENT_MS`. */
+async function throughput(connections: NatsConnection[], ask: (nc: NatsConnection) => Promise<unknown>): Promise<number> {
+  let done = 0;
+  const until = performance.now() + CONCURRENT_MS;
+  const began = performance.now();
+  await Promise.all(
+    connections.map(async (nc) => {
+      while (performance.now() < until) {
+        await ask(nc);
+        done++;
+      }
+    }),
+  );
+  return done / ((performance.now() - began) / 1000);
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+async function main() {
+  line(`mesh-provisioner bench: ${cpus().length} × ${cpus()[0]?.model}, ${Math.round(totalmem() / 2 ** 30)} GiB, node ${process.version}`);
+  const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
+  // The bench's own client writes every node's keys and answers echo: any subject.
+  const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
+  server = await startEmbedded({ stateDir: dir, users: [...users, { role: "node", user: "bench", permissions: wide }] });
+  const natsVersion = (await (async () => {
+    const probe = await connect({ servers: server!.url, user: "bench", pass: server!.users.bench!.password });
+    const v = probe.info?.version;
+    await probe.close();
+    return v;
+  })()) ?? "?";
+  line(`nats-server ${natsVersion} at ${server.url}`);
+  const benchUser = { user: "bench", pass: server.users.bench!.password };
+  const nc = await connect({ servers: server.url, ...benchUser, name: "bench" });
+  const js = nc.jetstream();
+  const jsm = await nc.jetstreamManager();
+
+  const seatEnv = {
+    NATS_URL: server.url,
+    NATS_USER: server.seat.user,
+    NATS_PASSWORD: server.seat.password,
+    HTTP_PORT: "0",
+    LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
+  };
+  // BENCH_PROFILE=<folder>: each run of the set writes a V8 CPU profile there when it stops.
+  const profile = process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${resolve(process.env.BENCH_PROFILE)}`] : [];
+  const startSet = () => child([...profile, join(ROOT, "bin", "mesh-provisioner.mjs"), "start"], seatEnv, /^ready in \d+ ms/);
+
+  // The set asserts the buckets and streams; the bench then fills them as node clients would.
+  let set = await startSet();
+  const echo = await child(["--import", "tsx", join(import.meta.dirname, "echo.ts")], { NATS_URL: server.url, NATS_USER: "bench", NATS_PASSWORD: benchUser.pass }, /^ready$/);
+  const kv = async (name: string) => js.views.kv(config.buckets[name]!.bucket, { bindOnly: true, allow_direct: true });
+  const needs = await kv("needs");
+
+  const fill = async (bucket: KV, keys: Iterable<[string, string]>) => {
+    let batch: Promise<unknown>[] = [];
+    for (const [key, value] of keys) {
+      batch.push(bucket.put(key, value));
+      if (batch.length === 1000) {
+        await Promise.all(batch);
+        batch = [];
+      }
+    }
+    await Promise.all(batch);
+  };
+  function* needsOf(from: number, to: number): Generator<[string, string]> {
+    for (let n = from; n < to; n++)
+      for (let m = 0; m < MODULES; m++)
+        for (let j = 0; j < PER_MODULE; j++)
+          yield [`n${n}.m${m}.config.v${j}`, JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) })];
+  }
+
+  const narrowed = { what: "needs", node: "n5", module: "m3" };
+  const askVerb = (conn: NatsConnection, request: unknown) =>
+    conn.request(VERB, encoder.encode(JSON.stringify(request)), { timeout: 30_000 }).then((m) => {
+      if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`verb refused: ${m.headers.get("Nats-Service-Error")}`);
+      return JSON.parse(decoder.decode(m.data)) as { entries: unknown[]; next?: string };
+    });
+  const askEcho = (conn: NatsConnection) => conn.request("bench.echo", encoder.encode('{"what":"needs","node":"n5","module":"m3"}'), { timeout: 30_000 });
+
+  const narrowedTasks = (size: string) => ({
+    [`echo`]: () => askEcho(nc),
+    [`raw-filter ${size}`]: () => watchRead(needs, "n5.m3.>"),
+    [`verb ${size}`]: () => askVerb(nc, narrowed),
+  });
+
+  // 1. Narrowed needs at 1,000 keys.
+  await fill(needs, needsOf(0, (1000 / MODULES / PER_MODULE) | 0));
+  line("filled needs: 1,000 keys");
+  const at1k = await latency(narrowedTasks("1k"));
+  const check = await askVerb(nc, narrowed);
+  if (check.entries.length !== PER_MODULE) throw new Error(`the narrowed verb answered ${check.entries.length} entries, not ${PER_MODULE}`);
+
+  // 2. Fill to 100,000 needs, 10,000 applied and 10,000 collect keys.
+  await fill(needs, needsOf(10, NODES));
+  const applied = await kv("applied");
+  const collect = await kv("collect");
+  await fill(applied, (function* () {
+    for (let n = 0; n < NODES; n++) for (let m = 0; m < MODULES; m++) yield [`n${n}.m${m}`, JSON.stringify({ applied: `rev-${n}-${m}`, at: "2026-11-29T18:00:00Z" })] as [string, string];
+  })());
+  await fill(collect, (function* () {
+    for (let n = 0; n < NODES; n++) for (let c = 0; c < 10; c++) yield [`n${n}.shell=3Azsh=3Anormal.c${c}`, JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
+  })());
+  line("filled needs: 100,000 keys; applied: 10,000; collect: 10,000");
+
+  // 3. Start-to-ready with those buckets, against one unfiltered read of every bucket the set views.
+  await stopChild(set.process);
+  const viewed = [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))];
+  const readAll: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const t = performance.now();
+    for (const name of viewed) await watchRead(await kv(name));
+    readAll.push(performance.now() - t);
+  }
+  const spawned = performance.now();
+  set = await startSet();
+  const processReady = performance.now() - spawned;
+  const readyMs = Number(/ready in (\d+) ms/.exec(set.line)![1]);
+
+  // 4. Narrowed needs at 100,000 keys.
+  const at100k = await latency(narrowedTasks("100k"));
+  const rss = rssOf(set.process.pid!);
+
+  // 5. Every needs key through the pages, against one unfiltered watch of the bucket.
+  const pagedRuns: number[] = [];
+  const watchRuns: number[] = [];
+  let pages = 0;
+  for (let i = 0; i < 3; i++) {
+    let t = performance.now();
+    let count = 0;
+    let cursor: string | undefined;
+    pages = 0;
+    do {
+      const page = await askVerb(nc, { what: "needs", limit: 10_000, ...(cursor ? { cursor } : {}) });
+      count += page.entries.length;
+      cursor = page.next;
+      pages++;
+    } while (cursor !== undefined);
+    pagedRuns.push(performance.now() - t);
+    if (count !== NODES * MODULES * PER_MODULE) throw new Error(`the pages held ${count} keys`);
+    t = performance.now();
+    const watched = await watchRead(needs);
+    watchRuns.push(performance.now() - t);
+    if (watched !== NODES * MODULES * PER_MODULE) throw new Error(`the watch read ${watched} keys`);
+  }
+
+  // 6. 32 concurrent requesters for 5 s each.
+  const connections = await Promise.all(Array.from({ length: CONCURRENT }, () => connect({ servers: server!.url, ...benchUser })));
+  const echoRps = await throughput(connections, askEcho);
+  const verbRps = await throughput(connections, (conn) => askVerb(conn, narrowed));
+  await Promise.all(connections.map((c) => c.close()));
+
+  // 7. A steady registry compile: nothing changed, the registry read and compared.
+  const seat = await connect({ servers: server.url, user: server.seat.user, pass: server.seat.password, inboxPrefix: `_INBOX.${server.seat.user}` });
+  const host = await openHost({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
+  const compile = functions.find((fn) => fn.name === "registry-compile")!;
+  const compiles = await latency({ "registry compile": () => invoke(host, compile) });
+  await seat.close();
+
+  // 8. 10,000 failing/recovered events through the follower, against a bare durable-consumer ack loop.
+  await stopChild(set.process);
+  const stream = config.streams.events!.stream;
+  const providers = config.embedded.providers;
+  const base = Date.now() - 3_600_000;
+  const acks: Promise<unknown>[] = [];
+  for (let e = 0; e < EVENTS / 1000; e++) {
+    for (let t = 0; t < 1000; t++) {
+      const kind = e % 2 === 0 ? "failing" : "recovered";
+      const event = { machine: `n${t}`, consumer: `c${t % 7}`, at: new Date(base + e * 1000 + t).toISOString(), ...(kind === "failing" ? { word: `down ${e}` } : {}) };
+      acks.push(js.publish(`${providers[t % providers.length]}.provisioner.${kind}`, encoder.encode(JSON.stringify(event))));
+    }
+    await Promise.all(acks.splice(0));
+  }
+  const durables = [durableOf(config)];
+  const delivered = async () => Promise.all(durables.map((d) => jsm.consumers.info(stream, d)));
+  const before = (await delivered()).map((i) => i.delivered.stream_seq);
+  set = await startSet();
+  let first = 0;
+  let last = 0;
+  for (;;) {
+    const infos = await delivered();
+    const now = performance.now();
+    const moved = infos.some((i, k) => i.delivered.stream_seq > before[k]!);
+    const done = infos.every((i) => i.num_pending === 0 && i.num_ack_pending === 0);
+    if (moved && first === 0) first = now;
+    if (done && first !== 0) {
+      last = now;
+      break;
+    }
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const followerRate = EVENTS / ((last - first) / 1000);
+
+  await jsm.consumers.add(stream, {
+    durable_name: "bench-ack-loop",
+    filter_subject: "*.provisioner.>",
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: DeliverPolicy.All,
+    max_ack_pending: 1000,
+  });
+  const loopConsumer = await js.consumers.get(stream, "bench-ack-loop");
+  const total = (await jsm.streams.info(stream)).state.messages;
+  const messages = await loopConsumer.consume({ max_messages: 64 });
+  let acked = 0;
+  let loopStart = 0;
+  for await (const m of messages) {
+    if (acked === 0) loopStart = performance.now();
+    m.ack();
+    if (++acked === total) break;
+  }
+  await nc.flush();
+  const loopRate = total / ((performance.now() - loopStart) / 1000);
+  messages.stop();
+
+  await stopChild(set.process);
+  await stopChild(echo.process);
+  await nc.close();
+
+  // The table.
+  const echo100k = at100k.echo!.p50;
+  const verb100k = at100k["verb 100k"]!.p50;
+  const raw100k = at100k["raw-filter 100k"]!.p50;
+  const verb1k = at1k["verb 1k"]!.p50;
+  const paged = median(pagedRuns);
+  const watched = median(watchRuns);
+  const readAllMs = median(readAll);
+  const figures = {
+    machine: { cpus: cpus().length, model: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, natsServer: natsVersion },
+    at: new Date().toISOString(),
+    narrowed1k: at1k,
+    narrowed100k: at100k,
+    pagedAllNeeds: { ms: paged, pages, runs: pagedRuns },
+    unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
+    concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps },
+    registryCompile: compiles["registry compile"],
+    follower: { events: EVENTS, followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate },
+    rssBytes: rss,
+    startToReady: { readyMs, processSpawnToReadyMs: processReady, unfilteredReadOfViewedBucketsMs: readAllMs, buckets: viewed },
+  };
+  const targets = [
+    ["narrowed 100k: verb p50 / echo p50", verb100k / echo100k, "≤ 3", verb100k / echo100k <= 3],
+    ["narrowed 100k: verb p50 / raw-filter p50", verb100k / raw100k, "≤ 0.1", verb100k / raw100k <= 0.1],
+    ["verb p50 100k / verb p50 1k", verb100k / verb1k, "≤ 1.5", verb100k / verb1k <= 1.5],
+    ["all needs: pages / one unfiltered watch", paged / watched, "≤ 1.2", paged / watched <= 1.2],
+    ["32 requesters: verb / echo requests/s", verbRps / echoRps, "≥ 0.5", verbRps / echoRps >= 0.5],
+    ["events/s: follower / bare ack loop", followerRate / loopRate, "≥ 0.5", followerRate / loopRate >= 0.5],
+    ["RSS of the running set (MB)", rss / 1e6, "≤ 300", rss / 1e6 <= 300],
+    ["start-to-ready / one read of all viewed buckets", readyMs / readAllMs, "≤ 1.5", readyMs / readAllMs <= 1.5],
+  ] as const;
+
+  const rows: [string, string][] = [
+    ["echo p50 (1k | 100k)", `${ms(at1k.echo!.p50)} | ${ms(echo100k)}`],
+    ["raw-filter p50, 10 keys (1k | 100k)", `${ms(at1k["raw-filter 1k"]!.p50)} | ${ms(raw100k)}`],
+    ["verb p50, 10 keys (1k | 100k)", `${ms(verb1k)} | ${ms(verb100k)}`],
+    [`all 100,000 needs: verb pages (${pages}) | one unfiltered watch`, `${ms(paged)} | ${ms(watched)}`],
+    [`${CONCURRENT} requesters, ${CONCURRENT_MS / 1000} s: echo | verb`, `${Math.round(echoRps)} | ${Math.round(verbRps)} requests/s`],
+    ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
+    [`${EVENTS} events: follower | bare ack loop`, `${Math.round(followerRate)} | ${Math.round(loopRate)} events/s`],
+    ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
+    ["start-to-ready | process spawn-to-ready | read all viewed buckets", `${readyMs} ms | ${Math.round(processReady)} ms | ${Math.round(readAllMs)} ms`],
+  ];
+  const width = Math.max(...rows.map(([k]) => k.length), ...targets.map(([k]) => k.length));
+  line("");
+  line("| figure | value |");
+  line("|---|---|");
+  for (const [k, v] of rows) line(`| ${k.padEnd(width)} | ${v} |`);
+  line("");
+  line("| target | ratio | wanted | met |");
+  line("|---|---|---|---|");
+  for (const [k, ratio, wanted, met] of targets) line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${met ? "yes" : "NO"} |`);
+  writeFileSync(RESULTS, `${JSON.stringify({ ...figures, targets: targets.map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`);
+  line(`\nwritten to ${RESULTS}`);
+}
+
+try {
+  await main();
+} finally {
+  for (const proc of children) await stopChild(proc).catch(() => {});
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+}
