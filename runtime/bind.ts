@@ -4,6 +4,7 @@ import type { Service, ServiceMsg } from "nats";
 import type { Trigger } from "./define.ts";
 import { errorBody, refusalMessage } from "./errors.ts";
 import type { Host, Outcome } from "./host.ts";
+import { jsonOf } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
 
 /** A bound trigger set; `stop` unbinds it. */
@@ -63,7 +64,7 @@ export async function bindSubjects(
         ? await host.run(fn, payload.value, { kind: "subject", subject: msg.subject })
         : payload;
       if (!outcome.ok) return refuse(msg, outcome.error.code, outcome.error.message);
-      const body = encoder.encode(JSON.stringify(outcome.value ?? null));
+      const body = encoder.encode(jsonOf(outcome.value));
       try {
         msg.respond(body);
       } catch (err) {
@@ -140,7 +141,7 @@ export function httpApp(host: Host, functions: readonly LoadedFunction[]): Hono 
       const outcome = input.ok
         ? await host.run(fn, input.value, { kind: "http", method, path })
         : input;
-      if (outcome.ok) return c.json(outcome.value ?? null);
+      if (outcome.ok) return c.body(jsonOf(outcome.value), 200, { "content-type": "application/json" });
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, {
         "content-type": "application/json",
       });

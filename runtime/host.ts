@@ -4,6 +4,7 @@ import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./bu
 import type { BucketConfig, Config } from "./config.ts";
 import type { Clock, Context, TriggerInfo } from "./define.ts";
 import { AccessError, formatIssues, refusalMessage, ServiceError } from "./errors.ts";
+import { JsonText } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
@@ -87,32 +88,34 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
     ...Object.entries(config.buckets),
     [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
   ];
-  for (const [name, { bucket, history, writtenBy }] of all) {
-    const stream = `KV_${bucket}`;
-    try {
-      const info = await jsm.streams.info(stream).catch((err: Error) => {
-        if (err.message !== "stream not found") throw err;
-        return jsm.streams.add({
-          name: stream,
-          subjects: [`$KV.${bucket}.>`],
-          retention: RetentionPolicy.Limits,
-          storage: StorageType.File,
-          discard: DiscardPolicy.New,
-          max_msgs_per_subject: history,
-          allow_direct: true,
-          deny_delete: true,
-          allow_rollup_hdrs: false,
-          num_replicas: 1,
+  await Promise.all(
+    all.map(async ([name, { bucket, history, writtenBy }]) => {
+      const stream = `KV_${bucket}`;
+      try {
+        const info = await jsm.streams.info(stream).catch((err: Error) => {
+          if (err.message !== "stream not found") throw err;
+          return jsm.streams.add({
+            name: stream,
+            subjects: [`$KV.${bucket}.>`],
+            retention: RetentionPolicy.Limits,
+            storage: StorageType.File,
+            discard: DiscardPolicy.New,
+            max_msgs_per_subject: history,
+            allow_direct: true,
+            deny_delete: true,
+            allow_rollup_hdrs: false,
+            num_replicas: 1,
+          });
         });
-      });
-      if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
-        log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
+        if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
+          log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
+        }
+        opened.set(name, await js.views.kv(bucket, { bindOnly: true, allow_direct: info.config.allow_direct }));
+      } catch (err) {
+        throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
       }
-      opened.set(name, await js.views.kv(bucket, { bindOnly: true, allow_direct: info.config.allow_direct }));
-    } catch (err) {
-      throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
-    }
-  }
+    }),
+  );
   return opened;
 }
 
@@ -222,10 +225,11 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
 
 /**
  * Runs one function once with the context the runtime builds (trigger `invoke`), for tests and
- * the CLI. Returns the handler's answer; throws a {@link ServiceError} with the refusal's code.
+ * the CLI. Returns the handler's answer (a {@link JsonText} parsed); throws a {@link ServiceError}
+ * with the refusal's code.
  */
 export async function invoke(host: Host, fn: LoadedFunction, input: unknown = {}): Promise<unknown> {
   const outcome = await host.run(fn, input, { kind: "invoke" });
   if (!outcome.ok) throw new ServiceError(outcome.error.code, outcome.error.message);
-  return outcome.value;
+  return outcome.value instanceof JsonText ? JSON.parse(outcome.value.text) : outcome.value;
 }

@@ -16,7 +16,8 @@ export const CATCH_UP_MS = 2000;
 
 /**
  * A bucket read through a live view: the reads of a {@link ReadBucket}, answered from memory once
- * the view holds every write acknowledged before the read.
+ * the view holds every write acknowledged before the read. A key read again, unchanged, is the
+ * same object: treat what reads return as read-only.
  */
 export interface ViewBucket extends ReadBucket {
   /**
@@ -193,7 +194,18 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
     return sorted.length > limit ? sorted.slice(0, limit) : sorted;
   };
 
-  const live = ({ deleted: _, ...entry }: KeyRecord): Entry => entry;
+  // One entry object per record, so a key read again unchanged is the same object (callers may
+  // keep what they derive from it in a WeakMap).
+  const entries = new WeakMap<KeyRecord, Entry>();
+  const live = (record: KeyRecord): Entry => {
+    let entry = entries.get(record);
+    if (entry === undefined) {
+      const { deleted: _, ...rest } = record;
+      entry = rest;
+      entries.set(record, entry);
+    }
+    return entry;
+  };
 
   const local: ReadBucket = Object.freeze({
     bucket,

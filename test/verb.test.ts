@@ -316,3 +316,14 @@ describe("paging, HTTP and freshness", () => {
     }
   });
 });
+
+describe("values", () => {
+  it("come back exactly as the node wrote them, numbers past double precision included", async () => {
+    const written = '{"big": 123456789012345678901234567890, "tiny": 1e-400, "neg": -0, "same": "é\\u00e9"}';
+    await kvs["birch/needs"]!.put("birch.exact.config.value", written);
+    const reply = await client.request(VERB, JSON.stringify({ what: "needs", node: "birch", module: "exact" }));
+    const text = new TextDecoder().decode(reply.data);
+    expect(text).toContain(`"value":${written},"revision":`);
+    expect(JSON.parse(text).entries[0].value).toEqual({ big: 123456789012345678901234567890, tiny: 0, neg: -0, same: "éé" });
+  });
+});

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
+import { LRUCache } from "lru-cache";
 import { z } from "zod";
-import { badInput, formatIssues, type Entry } from "../../runtime/index.ts";
+import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
 import { collectionName, decodeKey, filtersFor, token, type View } from "./keys.ts";
 import { registryValue } from "./registry.ts";
 
@@ -90,18 +91,18 @@ export function requestFilters(request: ProvisioningRequest): string[] {
   return filtersFor(request.what, narrowingOf(request));
 }
 
+/** Characters of a request's fingerprint in its cursors. */
+const FINGERPRINT = 16;
 const fingerprint = (request: ProvisioningRequest) =>
-  createHash("sha256").update(JSON.stringify([request.what, narrowingOf(request)])).digest("base64url").slice(0, 16);
+  createHash("sha256").update(JSON.stringify([request.what, narrowingOf(request)])).digest("base64url").slice(0, FINGERPRINT);
 
 /** The opaque cursor of the page after `key`, tied to the request's narrowing. */
 export function cursorAfter(request: ProvisioningRequest, key: string): string {
-  return cursorOf(key, fingerprint(request));
+  return Buffer.from(JSON.stringify({ after: key, of: fingerprint(request) })).toString("base64url");
 }
 
-const cursorOf = (key: string, of: string) => Buffer.from(JSON.stringify({ after: key, of })).toString("base64url");
-
 /** Bytes of `{"next":"<cursor>"}` for a cursor after `key`, without making it: base64url of the cursor's JSON. */
-const nextBytes = (key: string, of: string) => 11 + Math.ceil(((Buffer.byteLength(JSON.stringify(key)) + of.length + 18) * 4) / 3);
+const nextBytes = (key: string) => 11 + Math.ceil(((Buffer.byteLength(JSON.stringify(key)) + FINGERPRINT + 18) * 4) / 3);
 
 /** The key a request's cursor continues after; throws a 400 for a cursor not issued for it. */
 export function cursorKey(request: ProvisioningRequest): string | undefined {
@@ -123,63 +124,88 @@ export function cursorKey(request: ProvisioningRequest): string | undefined {
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
-/** An entry of the answer for one stored key, or why it is out of shape. */
-export function itemOf(what: View, entry: Entry): { entry: Record<string, unknown> } | { outOfShape: OutOfShape } {
+/**
+ * An item of the answer for one stored key, as JSON text: an entry, its value the node's JSON
+ * exactly as written, or an `outOfShape` item saying why it is none.
+ */
+export type Item = { readonly entry: string } | { readonly outOfShape: string };
+
+const outOfShape = (key: string, reason: string): { outOfShape: string } => ({ outOfShape: JSON.stringify({ key, reason }) });
+
+/** The item of one stored key (SPEC §4): an entry, or why it is out of shape. */
+export function itemOf(what: View, entry: Entry): Item {
   const decoded = decodeKey(what, entry.key);
-  if (!decoded.ok) return { outOfShape: { key: entry.key, reason: decoded.reason } };
+  if (!decoded.ok) return outOfShape(entry.key, decoded.reason);
+  let text: string;
   let value: unknown;
   try {
-    value = JSON.parse(utf8.decode(entry.value));
+    // The decoder drops a byte-order mark; what is left parses, so it is one JSON value.
+    text = utf8.decode(entry.value);
+    value = JSON.parse(text);
   } catch (err) {
-    return { outOfShape: { key: entry.key, reason: `value is not JSON: ${(err as Error).message}` } };
+    return outOfShape(entry.key, `value is not JSON: ${(err as Error).message}`);
   }
   if (what === "registry") {
     const checked = registryValue.safeParse(value);
-    if (!checked.success) return { outOfShape: { key: entry.key, reason: `value is not a registry value: ${formatIssues(checked.error.issues)}` } };
-    if (checked.data.kind !== entry.key) {
-      return { outOfShape: { key: entry.key, reason: `value is of kind ${checked.data.kind}, not ${entry.key}` } };
-    }
+    if (!checked.success) return outOfShape(entry.key, `value is not a registry value: ${formatIssues(checked.error.issues)}`);
+    if (checked.data.kind !== entry.key) return outOfShape(entry.key, `value is of kind ${checked.data.kind}, not ${entry.key}`);
   }
-  return {
-    entry: { key: entry.key, ...decoded.fields, value, revision: entry.revision, at: entry.created.toISOString() },
-  };
+  const fields = JSON.stringify({ key: entry.key, ...decoded.fields }).slice(0, -1);
+  return { entry: `${fields},"value":${text.trim()},"revision":${entry.revision},"at":"${entry.created.toISOString()}"}` };
 }
 
 /** Bytes kept free in a reply beyond the answer's own JSON. */
 const HEADROOM = 1024;
-const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 
 /**
- * One page of the answer (SPEC §4) from the entries the request's filters reached, in key
- * order (those after the cursor's key, and one more than `limit` is enough to know whether
- * keys remain): after the cursor's key, at most `limit` items, its JSON at most `maxPayload` bytes
- * less a headroom. A value too large for any reply is said in `outOfShape`. `next` is present
- * only when keys remain.
+ * The items of small answers made last, with their bytes, by the entry they came from: a live
+ * view hands out the same entry until its key changes, so a narrowing asked again and again (a
+ * node's own needs) is not made again. Pages longer than {@link REMEMBERED} walk a bucket and
+ * are not remembered; the cache is bounded.
  */
-export function answerPage(request: ProvisioningRequest, reached: readonly Entry[], maxPayload: number): Answer {
+const made = new LRUCache<Entry, { item: Item; size: number }>({ max: 10_000 });
+const REMEMBERED = 100;
+
+function madeItem(what: View, entry: Entry, remember: boolean): { item: Item; size: number } {
+  let found = remember ? made.get(entry) : undefined;
+  if (found === undefined) {
+    const item = itemOf(what, entry);
+    found = { item, size: Buffer.byteLength("entry" in item ? item.entry : item.outOfShape) + 1 };
+    if (remember) made.set(entry, found);
+  }
+  return found;
+}
+
+/**
+ * One page of the answer (SPEC §4), as JSON text of the shape of {@link Answer}, from the
+ * entries the request's filters reached, in key order (those after the cursor's key, and one
+ * more than `limit` is enough to know whether keys remain): after the cursor's key, at most
+ * `limit` items, at most `maxPayload` bytes less a headroom. A value too large for any reply
+ * is said in `outOfShape`. `next` is present only when keys remain. Throws a 400 for a cursor
+ * not issued for this request.
+ */
+export function answerPage(request: ProvisioningRequest, reached: readonly Entry[], maxPayload: number): JsonText {
   const after = cursorKey(request);
   const rows = after === undefined ? reached : reached.filter((e) => e.key > after);
-  const of = fingerprint(request);
   const budget = maxPayload - HEADROOM;
-  const entries: Record<string, unknown>[] = [];
-  const outOfShape: OutOfShape[] = [];
-  let size = bytes({ what: request.what, entries: [], outOfShape: [] });
+  const entries: string[] = [];
+  const outOfShapes: string[] = [];
+  let size = Buffer.byteLength(JSON.stringify({ what: request.what, entries: [], outOfShape: [] }));
   let taken = 0;
   for (const row of rows) {
     if (taken === request.limit) break;
-    let item = itemOf(request.what, row);
-    let itemSize = bytes("entry" in item ? item.entry : item.outOfShape) + 1;
-    const nextSize = nextBytes(row.key, of);
-    if (size + itemSize + nextSize > budget) {
+    let { item, size: itemSize } = madeItem(request.what, row, rows.length <= REMEMBERED);
+    if (size + itemSize + nextBytes(row.key) > budget) {
       if (taken > 0) break;
-      item = { outOfShape: { key: row.key, reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})` } };
-      itemSize = bytes(item.outOfShape) + 1;
+      const cut = outOfShape(row.key, `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})`);
+      item = cut;
+      itemSize = Buffer.byteLength(cut.outOfShape) + 1;
     }
     if ("entry" in item) entries.push(item.entry);
-    else outOfShape.push(item.outOfShape);
+    else outOfShapes.push(item.outOfShape);
     size += itemSize;
     taken++;
   }
-  const answer: Answer = { what: request.what, entries, outOfShape };
-  return taken < rows.length ? { ...answer, next: cursorOf(rows[taken - 1]!.key, of) } : answer;
+  const next = taken < rows.length ? `,"next":${JSON.stringify(cursorAfter(request, rows[taken - 1]!.key))}` : "";
+  return new JsonText(`{"what":${JSON.stringify(request.what)},"entries":[${entries.join(",")}],"outOfShape":[${outOfShapes.join(",")}]${next}}`);
 }

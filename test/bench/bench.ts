@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir, totalmem } from "node:os";
 import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
-import { AckPolicy, connect, DeliverPolicy, type KV, type NatsConnection } from "nats";
+import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnection } from "nats";
 import { Bench } from "tinybench";
 import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openHost } from "../../runtime/index.ts";
 import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
@@ -216,7 +216,6 @@ async function main() {
 
   // 4. Narrowed needs at 100,000 keys.
   const at100k = await latency(narrowedTasks("100k"));
-  const rss = rssOf(set.process.pid!);
 
   // 5. Every needs key through the pages, against one unfiltered watch of the bucket.
   const pagedRuns: number[] = [];
@@ -246,6 +245,8 @@ async function main() {
   const echoRps = await throughput(connections, askEcho);
   const verbRps = await throughput(connections, (conn) => askVerb(conn, narrowed));
   await Promise.all(connections.map((c) => c.close()));
+  // After every read above: the views and whatever the functions keep of them.
+  const rss = rssOf(set.process.pid!);
 
   // 7. A steady registry compile: nothing changed, the registry read and compared.
   const seat = await connect({ servers: server.url, user: server.seat.user, pass: server.seat.password, inboxPrefix: `_INBOX.${server.seat.user}` });
@@ -287,29 +288,39 @@ async function main() {
     await new Promise((r) => setTimeout(r, 5));
   }
   const followerRate = EVENTS / ((last - first) / 1000);
-
-  await jsm.consumers.add(stream, {
-    durable_name: "bench-ack-loop",
-    filter_subject: "*.provisioner.>",
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-    max_ack_pending: 1000,
-  });
-  const loopConsumer = await js.consumers.get(stream, "bench-ack-loop");
-  const total = (await jsm.streams.info(stream)).state.messages;
-  const messages = await loopConsumer.consume({ max_messages: 64 });
-  let acked = 0;
-  let loopStart = 0;
-  for await (const m of messages) {
-    if (acked === 0) loopStart = performance.now();
-    m.ack();
-    if (++acked === total) break;
-  }
-  await nc.flush();
-  const loopRate = total / ((performance.now() - loopStart) / 1000);
-  messages.stop();
-
   await stopChild(set.process);
+
+  /**
+   * A bare loop over every message of the events stream, on a new durable consumer (explicit
+   * acks, 64 pulled at once, up to 64 in hand): `work` for each, then the ack.
+   */
+  const consumerLoop = async (durable: string, work: (m: JsMsg) => Promise<unknown> | void) => {
+    await jsm.consumers.add(stream, { durable_name: durable, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, max_ack_pending: 1000 });
+    const total = (await jsm.streams.info(stream)).state.messages;
+    const messages = await (await js.consumers.get(stream, durable)).consume({ max_messages: 64 });
+    const running = new Set<Promise<void>>();
+    let taken = 0;
+    let began = 0;
+    for await (const m of messages) {
+      if (taken === 0) began = performance.now();
+      const done: Promise<void> = Promise.resolve(work(m)).then(() => m.ack()).finally(() => running.delete(done));
+      running.add(done);
+      if (running.size >= 64) await Promise.race(running);
+      if (++taken === total) break;
+    }
+    await Promise.all(running);
+    await nc.flush();
+    messages.stop();
+    return total / ((performance.now() - began) / 1000);
+  };
+  const loopRate = await consumerLoop("bench-ack-loop", () => {});
+  // The least a follower storing each event does: parse it, put one key, then ack.
+  const store = await kv("failing");
+  const storeRate = await consumerLoop("bench-store-loop", (m) => {
+    const event = m.json<{ machine: string; consumer: string }>();
+    return store.put(`bench.${event.machine}.${event.consumer}`, m.data);
+  });
+
   await stopChild(echo.process);
   await nc.close();
 
@@ -330,7 +341,7 @@ async function main() {
     unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
     concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps },
     registryCompile: compiles["registry compile"],
-    follower: { events: EVENTS, followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate },
+    follower: { events: EVENTS, followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate, storeLoopEventsPerSecond: storeRate },
     rssBytes: rss,
     startToReady: { readyMs, processSpawnToReadyMs: processReady, unfilteredReadOfViewedBucketsMs: readAllMs, buckets: viewed },
   };
@@ -341,6 +352,8 @@ async function main() {
     ["all needs: pages / one unfiltered watch", paged / watched, "≤ 1.2", paged / watched <= 1.2],
     ["32 requesters: verb / echo requests/s", verbRps / echoRps, "≥ 0.5", verbRps / echoRps >= 0.5],
     ["events/s: follower / bare ack loop", followerRate / loopRate, "≥ 0.5", followerRate / loopRate >= 0.5],
+    ["(events/s: put-then-ack loop / bare ack loop)", storeRate / loopRate, "-", true],
+    ["(events/s: follower / put-then-ack loop)", followerRate / storeRate, "-", true],
     ["RSS of the running set (MB)", rss / 1e6, "≤ 300", rss / 1e6 <= 300],
     ["start-to-ready / one read of all viewed buckets", readyMs / readAllMs, "≤ 1.5", readyMs / readAllMs <= 1.5],
   ] as const;
@@ -352,7 +365,7 @@ async function main() {
     [`all 100,000 needs: verb pages (${pages}) | one unfiltered watch`, `${ms(paged)} | ${ms(watched)}`],
     [`${CONCURRENT} requesters, ${CONCURRENT_MS / 1000} s: echo | verb`, `${Math.round(echoRps)} | ${Math.round(verbRps)} requests/s`],
     ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
-    [`${EVENTS} events: follower | bare ack loop`, `${Math.round(followerRate)} | ${Math.round(loopRate)} events/s`],
+    [`${EVENTS} events: follower | bare ack loop | put-then-ack loop`, `${Math.round(followerRate)} | ${Math.round(loopRate)} | ${Math.round(storeRate)} events/s`],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
     ["start-to-ready | process spawn-to-ready | read all viewed buckets", `${readyMs} ms | ${Math.round(processReady)} ms | ${Math.round(readAllMs)} ms`],
   ];
@@ -364,8 +377,8 @@ async function main() {
   line("");
   line("| target | ratio | wanted | met |");
   line("|---|---|---|---|");
-  for (const [k, ratio, wanted, met] of targets) line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${met ? "yes" : "NO"} |`);
-  writeFileSync(RESULTS, `${JSON.stringify({ ...figures, targets: targets.map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`);
+  for (const [k, ratio, wanted, met] of targets) line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${wanted === "-" ? "-" : met ? "yes" : "NO"} |`);
+  writeFileSync(RESULTS, `${JSON.stringify({ ...figures, targets: targets.filter(([, , wanted]) => wanted !== "-").map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`);
   line(`\nwritten to ${RESULTS}`);
 }
 
