@@ -84,6 +84,8 @@ export async function start(options: StartOptions): Promise<Running> {
     http = await listen(httpApp(host, functions), config.http.host, config.http.port);
     bindings.push(await bindEvents(host, functions));
     bindings.push(await bindCron(host, functions));
+    // Ready means the server has every subscription: a request sent now finds its responder.
+    await session.nc.flush();
     const { port } = http.address() as { port: number };
     return {
       natsUrl: session.url,
