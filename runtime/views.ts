@@ -10,7 +10,8 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
 /**
  * How long a read waits for the view to reach the stream's last sequence before it reads from
  * the server instead, in milliseconds. Only a stream whose last message was removed by hand
- * (a stream purge) keeps a view from reaching it.
+ * (a stream purge) keeps a view from reaching it. Messages removed that way are not seen by a
+ * view: their keys stay in it until the set starts again.
  */
 export const CATCH_UP_MS = 2000;
 
@@ -135,10 +136,16 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
     return (await jsm.streams.info(stream)).state.last_seq;
   });
 
-  /** Whether the view holds every write acknowledged before the call. */
+  /** Whether the view holds every write acknowledged before the call; `false` when that cannot be told. */
   const caughtUp = async (): Promise<boolean> => {
     if (stopped) return false;
-    const wanted = await target();
+    let wanted: number;
+    try {
+      wanted = await target();
+    } catch (err) {
+      log.warn({ bucket, err }, "cannot tell whether the view is current; reading from the server");
+      return false;
+    }
     if (wanted <= applied) return true;
     return new Promise<boolean>((resolve) => {
       const waiter = {
