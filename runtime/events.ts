@@ -24,6 +24,12 @@ export const ACK_WAIT_MS = 30_000;
 /** Messages a durable consumer pulls at once, and handles at once. */
 const BATCH = 64;
 
+/**
+ * How often a message that no trigger of this replica takes is delivered before it is
+ * acknowledged: about 7 minutes with {@link backoff}, for the replica that takes it to get it.
+ */
+export const UNTAKEN_DELIVERIES = 20;
+
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
 export function backoff(deliveries: number): number {
   return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
@@ -120,8 +126,9 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
  * must compare-and-set). A message is acknowledged once each of its handlers returned or refused
  * it (refusals counted); when one faulted it is negatively acknowledged with {@link backoff}, so
  * it comes again later, for ever until every handler succeeds (each must bear running twice).
- * A message no trigger takes is acknowledged. Without a stream: a subscription in the seat's
- * queue group (what is published while the set is down is lost).
+ * A message no trigger takes comes again with backoff (a replica with other functions may take
+ * it) and is acknowledged after {@link UNTAKEN_DELIVERIES} deliveries. Without a stream: a
+ * subscription in the seat's queue group (what is published while the set is down is lost).
  */
 export async function bindEvents(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
   const triggers = triggersOf(functions, "event");
@@ -166,6 +173,12 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
     const one = async (m: JsMsg) => {
       const info = { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount } as const;
       const matched = takers.filter(({ trigger }) => subjectMatches(trigger.event, m.subject));
+      if (matched.length === 0) {
+        // Another replica may have the function this one lacks (a rolling upgrade): let it come again.
+        if (m.info.redeliveryCount < UNTAKEN_DELIVERIES) return m.nak(backoff(m.info.redeliveryCount));
+        host.log.warn({ stream, subject: m.subject, sequence: m.seq }, "event taken by no function; acknowledged");
+        return m.ack();
+      }
       const verdicts = await Promise.all(matched.map(({ fn }) => handle(host, fn, m.data, info)));
       if (verdicts.includes("failed")) m.nak(backoff(m.info.redeliveryCount));
       else m.ack();

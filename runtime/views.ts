@@ -13,7 +13,7 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
  * (a stream purge) keeps a view from reaching it. Messages removed that way are not seen by a
  * view: their keys stay in it until the set starts again.
  */
-export const CATCH_UP_MS = 2000;
+export const CATCH_UP_MS = 500;
 
 /**
  * A bucket read through a live view: the reads of a {@link ReadBucket}, answered from memory once
@@ -73,72 +73,116 @@ function literalPrefix(filter: string): string | undefined {
   return first === -1 ? undefined : tokens.slice(0, first).join(".");
 }
 
+/** How often a view checks that it holds as many keys as the stream has subjects, in milliseconds. */
+export const RESYNC_MS = 10_000;
+
+/**
+ * The largest value of a delete marker a view keeps, in bytes: a longer one (a node may write
+ * any) is read from the server when asked for, so what nobody reads takes no memory.
+ */
+export const MARKER_VALUE_BYTES = 4096;
+
+const EMPTY = new Uint8Array(0);
+const byKey = (a: KeyRecord, b: KeyRecord) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
+
+/** One load of a bucket: its records by key, the last sequence applied, the watch feeding them. */
+interface Generation {
+  readonly tree: InstanceType<typeof BTree<string, KeyRecord>>;
+  applied: number;
+  readonly watch: QueuedIterator<KvEntry>;
+  readonly loaded: Promise<void>;
+}
+
 /**
  * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
  * every key (`$KV.<bucket>.>`, last values then updates) kept in a B+ tree by key, delete
- * markers included. Every read first makes sure the view holds every write acknowledged before
- * it was asked (SPEC §4), as `server`'s reads do: a direct get
- * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message after the last one the view applied
- * finds none, or else the view waits for the stream's last sequence
- * (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would
- * wait longer than {@link CATCH_UP_MS} go to `server`. Keys are in JavaScript string order, as
- * `server` sorts them.
+ * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
+ * makes sure the view holds every write acknowledged before it was asked (SPEC §4), as
+ * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
+ * after the last one the view applied finds none, or else the view waits for the stream's last
+ * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`, the only check when the stream does not allow
+ * direct gets). Concurrent reads share these requests. Reads that would wait longer than
+ * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
+ * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
+ * holds more keys than the stream has subjects: it loads the bucket again, reading from
+ * `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
  */
-export async function openView(nc: NatsConnection, kv: KV, bucket: string, server: ReadBucket, log: Logger): Promise<LiveView> {
+export async function openView(
+  nc: NatsConnection,
+  kv: KV,
+  bucket: string,
+  server: ReadBucket,
+  log: Logger,
+  { resyncMs = RESYNC_MS }: { resyncMs?: number } = {},
+): Promise<LiveView> {
   const stream = `KV_${bucket}`;
   const jsm = await nc.jetstreamManager();
-  const tree = new BTree<string, KeyRecord>();
-  let applied = 0;
+  const direct = (await jsm.streams.info(stream)).config.allow_direct === true;
   let stopped = false;
   const waiters = new Set<{ target: number; done: (reached: boolean) => void }>();
+  /** Delete markers whose value the view did not keep. */
+  const cut = new WeakSet<KeyRecord>();
 
-  let loadedFn!: () => void;
-  const loaded = new Promise<void>((resolve) => (loadedFn = resolve));
+  const start = async (): Promise<Generation> => {
+    let loadedFn!: () => void;
+    const loaded = new Promise<void>((resolve) => (loadedFn = resolve));
+    let watch: QueuedIterator<KvEntry>;
+    try {
+      watch = await kv.watch({ key: ">", initializedFn: () => loadedFn() });
+    } catch (err) {
+      throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`);
+    }
+    const generation: Generation = { tree: new BTree<string, KeyRecord>(), applied: 0, watch, loaded };
+    void (async () => {
+      for await (const entry of watch) apply(generation, entry);
+    })()
+      .catch((err: unknown) => log.error({ bucket, err }, "view stopped"))
+      .finally(() => {
+        if (current !== generation) return;
+        stopped = true;
+        for (const waiter of waiters) waiter.done(false);
+      });
+    return generation;
+  };
 
-  const apply = (entry: KvEntry) => {
+  const apply = (generation: Generation, entry: KvEntry) => {
     const deleted = entry.operation !== "PUT";
+    const kept = !deleted || entry.value.length <= MARKER_VALUE_BYTES;
     const record: KeyRecord = {
       key: entry.key,
       // A copy: the message's bytes may be a view into a larger read buffer.
-      value: entry.value.slice(),
+      value: kept ? entry.value.slice() : EMPTY,
       revision: entry.revision,
       created: entry.created,
       deleted,
     };
-    tree.set(record.key, record);
-    if (entry.revision > applied) applied = entry.revision;
-    if (waiters.size > 0) {
-      for (const waiter of waiters) if (waiter.target <= applied) waiter.done(true);
+    if (!kept) cut.add(record);
+    generation.tree.set(record.key, record);
+    if (entry.revision > generation.applied) generation.applied = entry.revision;
+    if (generation === current && waiters.size > 0) {
+      for (const waiter of waiters) if (waiter.target <= generation.applied) waiter.done(true);
     }
   };
 
-  let watch: QueuedIterator<KvEntry>;
-  try {
-    watch = await kv.watch({ key: ">", initializedFn: () => loadedFn() });
-  } catch (err) {
-    throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`);
-  }
-  void (async () => {
-    for await (const entry of watch) apply(entry);
-  })()
-    .catch((err: unknown) => log.error({ bucket, err }, "view stopped"))
-    .finally(() => {
-      stopped = true;
-      for (const waiter of waiters) waiter.done(false);
-    });
+  let current: Generation | undefined;
+  current = await start();
+  const first = current;
+  let reloading = false;
 
   const probe = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
   /** The stream sequence the view must reach to hold every write acknowledged before the call. */
   const target = coalesced(async () => {
-    const held = applied;
-    const reply = await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${held + 1},${probe}`, { timeout: 5000 });
-    if (reply.headers?.code === 404) return held;
+    const held = current!.applied;
+    if (direct) {
+      const reply = await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${held + 1},${probe}`, { timeout: 5000 });
+      if (reply.headers?.code === 404) return held;
+    }
     return (await jsm.streams.info(stream)).state.last_seq;
   });
 
   /** Whether the view holds every write acknowledged before the call; `false` when that cannot be told. */
   const caughtUp = async (): Promise<boolean> => {
-    if (stopped) return false;
+    if (stopped || reloading) return false;
     let wanted: number;
     try {
       wanted = await target();
@@ -146,7 +190,7 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
       log.warn({ bucket, err }, "cannot tell whether the view is current; reading from the server");
       return false;
     }
-    if (wanted <= applied) return true;
+    if (wanted <= current!.applied) return true;
     return new Promise<boolean>((resolve) => {
       const waiter = {
         target: wanted,
@@ -157,27 +201,52 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
         },
       };
       const timer = setTimeout(() => {
-        log.warn({ bucket, applied, target: wanted }, "view behind the stream; reading from the server");
+        log.warn({ bucket, applied: current!.applied, target: wanted }, "view behind the stream; reading from the server");
         waiter.done(false);
       }, CATCH_UP_MS);
       waiters.add(waiter);
     });
   };
 
+  /** Loads the bucket again when the view holds keys the stream no longer has. */
+  const resync = async () => {
+    if (stopped || reloading) return;
+    const { state } = await jsm.streams.info(stream);
+    const generation = current!;
+    // Only a view that had applied everything the count covers can be compared with it.
+    if (generation.applied < state.last_seq || state.num_subjects === undefined || generation.tree.size <= state.num_subjects) return;
+    log.warn({ bucket, held: generation.tree.size, subjects: state.num_subjects }, "messages were removed behind the view; loading the bucket again");
+    reloading = true;
+    try {
+      const next = await start();
+      await next.loaded;
+      current = next;
+      generation.watch.stop();
+      for (const waiter of waiters) if (waiter.target <= next.applied) waiter.done(true);
+    } finally {
+      reloading = false;
+    }
+  };
+  const timer = setInterval(() => {
+    resync().catch((err: unknown) => log.warn({ bucket, err }, "cannot compare the view with the stream"));
+  }, resyncMs);
+  timer.unref();
+
   /** The records of the tree matching `filter`, in key order, after `after`. */
   function* matching(filter: string, after: string | undefined): Generator<KeyRecord> {
+    const { tree } = current!;
     const prefix = literalPrefix(filter);
     if (prefix === undefined) {
       const record = tree.get(filter);
       if (record !== undefined && (after === undefined || record.key > after)) yield record;
       return;
     }
-    const start = prefix === "" ? "" : `${prefix}.`;
+    const begin = prefix === "" ? "" : `${prefix}.`;
     // `<prefix>.>` matches every key under the prefix: no need to match each.
-    const everyKey = filter.slice(start.length) === ">";
-    const from = after !== undefined && after > start ? after : start;
+    const everyKey = filter.slice(begin.length) === ">";
+    const from = after !== undefined && after > begin ? after : begin;
     for (const [key, record] of tree.entries(from)) {
-      if (!key.startsWith(start)) return;
+      if (!key.startsWith(begin)) return;
       if (key === after) continue;
       if (everyKey || subjectMatches(filter, key)) yield record;
     }
@@ -197,12 +266,15 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
         taken++;
       }
     }
-    const sorted = all.length === 1 ? [...found.values()] : [...found.values()].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const sorted = all.length === 1 ? [...found.values()] : [...found.values()].sort(byKey);
     return sorted.length > limit ? sorted.slice(0, limit) : sorted;
   };
 
+  /** A record as read: a delete marker whose value the view did not keep, read from the server. */
+  const whole = async (record: KeyRecord): Promise<KeyRecord | null> => (cut.has(record) ? server.last(record.key) : record);
+
   // One entry object per record, so a key read again unchanged is the same object (callers may
-  // keep what they derive from it in a WeakMap).
+  // keep what they derive from it).
   const entries = new WeakMap<KeyRecord, Entry>();
   const live = (record: KeyRecord): Entry => {
     let entry = entries.get(record);
@@ -217,22 +289,30 @@ export async function openView(nc: NatsConnection, kv: KV, bucket: string, serve
   const local: ReadBucket = Object.freeze({
     bucket,
     async get(key: string) {
-      const record = tree.get(checkedKey(bucket, key));
+      const record = current!.tree.get(checkedKey(bucket, key));
       return record === undefined || record.deleted ? null : live(record);
     },
-    last: async (key: string) => tree.get(checkedKey(bucket, key)) ?? null,
+    async last(key: string) {
+      const record = current!.tree.get(checkedKey(bucket, key));
+      return record === undefined ? null : whole(record);
+    },
     list: async (filters: string | readonly string[], options: ListOptions = {}) => collect(filters, options, false).map(live),
-    records: async (filters: string | readonly string[], options: ListOptions = {}) => collect(filters, options, true),
+    async records(filters: string | readonly string[], options: ListOptions = {}) {
+      const found = collect(filters, options, true);
+      if (!found.some((record) => cut.has(record))) return found;
+      return (await Promise.all(found.map(whole))).filter((record): record is KeyRecord => record !== null);
+    },
   });
 
   return {
     bucket,
-    loaded,
+    loaded: first.loaded,
     local,
-    sequence: () => applied,
+    sequence: () => current!.applied,
     stop: () => {
       stopped = true;
-      watch.stop();
+      clearInterval(timer);
+      current!.watch.stop();
     },
     get: async (key) => ((await caughtUp()) ? local : server).get(key),
     last: async (key) => ((await caughtUp()) ? local : server).last(key),

@@ -122,6 +122,36 @@ describe("event triggers", () => {
     }
   });
 
+  it("leaves an event its replica has no function for to a replica that has one", async () => {
+    // Replica `other` (another version of the set, as in a rolling upgrade) shares the durable
+    // consumer but takes only probe.other.>; the probe.ev.* events must all reach `set`.
+    const otherDir = mkdtempSync(join(TMP, "functions-"));
+    writeFileSync(
+      join(otherDir, "other-events.ts"),
+      `import { defineFunction } from ${JSON.stringify(RUNTIME)};
+export default defineFunction({
+  description: "Takes only probe.other.>.",
+  triggers: [{ event: "probe.other.>", stream: "probe" }],
+  handler: () => ((globalThis as any).__otherSeen = ((globalThis as any).__otherSeen ?? 0) + 1),
+});
+`,
+    );
+    seen().length = 0;
+    const other = await start({ config: { ...probeConfig(), functions: otherDir, http: { host: "127.0.0.1", port: 0 } } });
+    const set = await start({ config: probeConfig() });
+    try {
+      for (let i = 0; i < 20; i++) await publish(`probe.ev.r${i}`, { n: 100 + i });
+      await until(() => seen().length >= 20, 30_000, "every event handled by the replica that has its function");
+      await sleep(500);
+      expect(seen().map((s) => s.n).sort((a, b) => a - b)).toEqual(Array.from({ length: 20 }, (_, i) => 100 + i));
+      expect((globalThis as any).__otherSeen).toBeUndefined();
+    } finally {
+      await set.stop();
+      await other.stop();
+      rmSync(otherDir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses a trigger naming a stream the config lacks", async () => {
     const failure = await start({ config: { ...probeConfig(), streams: {} } }).catch((e: unknown) => e);
     expect((failure as Error).message).toMatch(/probe-events\.ts: triggers\.0\.stream: no stream "probe" in the config \(it has no streams\)$/);

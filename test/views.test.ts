@@ -1,11 +1,12 @@
 import fc from "fast-check";
+import { pino } from "pino";
 import type { KV, NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "../runtime/buckets.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { openView, type LiveView } from "../runtime/views.ts";
-import { testBus } from "./helpers.ts";
+import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views.ts";
+import { testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must
 // answer exactly what the server answers.
@@ -87,5 +88,60 @@ describe("a live view", () => {
     const revision = await writer.put("after.stop", "late");
     expect((await stopped.get("after.stop"))?.revision).toBe(revision);
     expect((await stopped.list("after.>")).map((e) => e.key)).toEqual(["after.stop"]);
+  });
+});
+
+describe("a live view and what the key-value layer does not say", () => {
+  const silent = createLogger({ LOG_LEVEL: "silent" });
+
+  it("keeps a long delete-marker value out of memory and still reads it back", async () => {
+    const long = "r".repeat(MARKER_VALUE_BYTES + 1);
+    const revision = await writer.delete("marker.long", { value: long });
+    await writer.delete("marker.short", { value: "short" });
+    const last = await view.last("marker.long");
+    expect([last?.revision, last?.deleted, new TextDecoder().decode(last?.value)]).toEqual([revision, true, long]);
+    const records = await view.records("marker.>");
+    expect(records.map((r) => [r.key, new TextDecoder().decode(r.value).length])).toEqual([
+      ["marker.long", MARKER_VALUE_BYTES + 1],
+      ["marker.short", 5],
+    ]);
+  });
+
+  it("drops the keys of a stream purge within its resync period", async () => {
+    const name = "mesh-provisioner_views-purge";
+    const purged = await seat.jetstream().views.kv(name, { history: 1, allow_direct: true });
+    const reader = readBucket(purged, name);
+    for (const key of ["p.a", "p.b", "q.c"]) await purged.put(key, "1");
+    const watched = await openView(seat, purged, name, reader, silent, { resyncMs: 200 });
+    await watched.loaded;
+    try {
+      expect((await watched.list(">")).map((e) => e.key)).toEqual(["p.a", "p.b", "q.c"]);
+      await (await seat.jetstreamManager()).streams.purge(`KV_${name}`, { filter: `$KV.${name}.p.>` });
+      await until(async () => (await watched.list(">")).length === 1, 5000, "the purge seen");
+      expect((await watched.list(">")).map((e) => e.key)).toEqual(["q.c"]);
+      await purged.put("p.a", "2");
+      expect((await watched.list(">")).map((e) => e.key)).toEqual(["p.a", "q.c"]);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("answers from memory on a stream that does not allow direct gets", async () => {
+    const name = "mesh-provisioner_views-nodirect";
+    const plain = await seat.jetstream().views.kv(name, { history: 1, allow_direct: false });
+    const warnings: string[] = [];
+    const log = pino({ level: "warn" }, { write: (line: string) => void warnings.push(line) });
+    const watched = await openView(seat, plain, name, readBucket(plain, name), log);
+    await watched.loaded;
+    try {
+      for (let i = 0; i < 20; i++) {
+        const revision = await plain.put(`k.${i}`, String(i));
+        expect((await watched.get(`k.${i}`))?.revision).toBe(revision);
+      }
+      // Never a fallback to the server: every read knew the view was current.
+      expect(warnings).toEqual([]);
+    } finally {
+      watched.stop();
+    }
   });
 });

@@ -161,9 +161,15 @@ const HEADROOM = 1024;
  * The items of small answers made last, with their bytes, by the entry they came from: a live
  * view hands out the same entry until its key changes, so a narrowing asked again and again (a
  * node's own needs) is not made again. Pages longer than {@link REMEMBERED} walk a bucket and
- * are not remembered; the cache is bounded.
+ * are not remembered; the cache is bounded in items and bytes, and keeps no large item.
  */
-const made = new LRUCache<Entry, { item: Item; size: number }>({ max: 10_000 });
+const made = new LRUCache<Entry, { item: Item; size: number }>({
+  max: 10_000,
+  // Bytes: the item's text and the stored value its entry holds on to.
+  maxSize: 16 * 1024 * 1024,
+  maxEntrySize: 64 * 1024,
+  sizeCalculation: (made, entry) => made.size + entry.value.length,
+});
 const REMEMBERED = 100;
 
 function madeItem(what: View, entry: Entry, remember: boolean): { item: Item; size: number } {
