@@ -25,10 +25,12 @@ export const ACK_WAIT_MS = 30_000;
 const BATCH = 64;
 
 /**
- * How often a message that no trigger of this replica takes is delivered before it is
- * acknowledged: about 7 minutes with {@link backoff}, for the replica that takes it to get it.
+ * A message that no trigger of this replica takes comes again after {@link UNTAKEN_DELAY_MS}
+ * (a replica that takes it may get it then), up to this many deliveries, about 5 minutes, before
+ * it is acknowledged: long enough for a rolling upgrade.
  */
-export const UNTAKEN_DELIVERIES = 20;
+export const UNTAKEN_DELIVERIES = 300;
+export const UNTAKEN_DELAY_MS = 1000;
 
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
 export function backoff(deliveries: number): number {
@@ -126,8 +128,8 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
  * must compare-and-set). A message is acknowledged once each of its handlers returned or refused
  * it (refusals counted); when one faulted it is negatively acknowledged with {@link backoff}, so
  * it comes again later, for ever until every handler succeeds (each must bear running twice).
- * A message no trigger takes comes again with backoff (a replica with other functions may take
- * it) and is acknowledged after {@link UNTAKEN_DELIVERIES} deliveries. Without a stream: a
+ * A message no trigger takes comes again a second later (a replica with other functions may
+ * take it) and is acknowledged after {@link UNTAKEN_DELIVERIES} deliveries. Without a stream: a
  * subscription in the seat's queue group (what is published while the set is down is lost).
  */
 export async function bindEvents(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
@@ -175,7 +177,7 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
       const matched = takers.filter(({ trigger }) => subjectMatches(trigger.event, m.subject));
       if (matched.length === 0) {
         // Another replica may have the function this one lacks (a rolling upgrade): let it come again.
-        if (m.info.redeliveryCount < UNTAKEN_DELIVERIES) return m.nak(backoff(m.info.redeliveryCount));
+        if (m.info.redeliveryCount < UNTAKEN_DELIVERIES) return m.nak(UNTAKEN_DELAY_MS);
         host.log.warn({ stream, subject: m.subject, sequence: m.seq }, "event taken by no function; acknowledged");
         return m.ack();
       }
