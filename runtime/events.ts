@@ -24,26 +24,19 @@ export const ACK_WAIT_MS = 30_000;
 /** Messages a durable consumer pulls at once, and handles at once. */
 const BATCH = 64;
 
-/**
- * A message that no trigger of this replica takes comes again after {@link UNTAKEN_DELAY_MS}
- * (a replica that takes it may get it then), up to this many deliveries, about 5 minutes, before
- * it is acknowledged: long enough for a rolling upgrade.
- */
-export const UNTAKEN_DELIVERIES = 300;
-export const UNTAKEN_DELAY_MS = 1000;
-
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
 export function backoff(deliveries: number): number {
   return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
 }
 
 /**
- * The durable consumer of a stream: one per stream for the whole function set (every replica
- * shares it), named after the seat, taking every message of the stream. Unfiltered, because
- * nats-server 2.9 counts a filtered consumer's pending messages by scanning the stream on each
- * delivery, which slows it as the stream grows.
+ * A `{ event, stream }` trigger's durable consumer: the function's name, `-<n>` from its second
+ * one, shared by every replica that has the function. It takes every message of the stream and
+ * acknowledges at once those its trigger does not match: nats-server 2.9 counts a filtered
+ * consumer's pending messages by scanning the stream at each delivery, which slows it as the
+ * stream grows.
  */
-export const durableOf = (config: Config) => config.seat;
+export const durableOf = (fn: LoadedFunction, i: number) => (i === 0 ? fn.name : `${fn.name}-${i + 1}`);
 
 /** The subjects each configured stream must capture: the `event` of every trigger naming it. */
 export function streamSubjects(functions: readonly LoadedFunction[]): Map<string, string[]> {
@@ -121,15 +114,31 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
 }
 
 /**
+ * Binds `durable` on `stream`: every message, explicit acknowledgement. A durable of that name
+ * made filtered (as sets before this one made them) is made again unfiltered, from the first
+ * message it had not acknowledged, so nothing is handled twice or lost.
+ */
+async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, log: Logger): Promise<void> {
+  const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: nanos(ACK_WAIT_MS), max_deliver: -1, max_ack_pending: 1000 };
+  const existing = await jsm.consumers.info(stream, durable).catch(() => undefined);
+  if (existing === undefined) {
+    await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.All });
+    return;
+  }
+  if (!existing.config.filter_subject) return;
+  const from = existing.ack_floor.stream_seq + 1;
+  log.info({ stream, durable, from }, "making the durable consumer unfiltered");
+  await jsm.consumers.delete(stream, durable);
+  await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from });
+}
+
+/**
  * Binds every `{ event }` trigger. With a stream: asserts the streams, then one durable pull
- * consumer per stream ({@link durableOf}: explicit acknowledgement, every message of the
- * stream), whose messages go to every trigger of that stream whose `event` matches the
- * subject, up to {@link BATCH} messages at a time, in no set order (handlers that keep state
- * must compare-and-set). A message is acknowledged once each of its handlers returned or refused
- * it (refusals counted); when one faulted it is negatively acknowledged with {@link backoff}, so
- * it comes again later, for ever until every handler succeeds (each must bear running twice).
- * A message no trigger takes comes again a second later (a replica with other functions may
- * take it) and is acknowledged after {@link UNTAKEN_DELIVERIES} deliveries. Without a stream: a
+ * consumer per trigger ({@link durableOf}), whose messages the trigger's `event` matches are
+ * handled up to {@link BATCH} at a time, in no set order (handlers that keep state must
+ * compare-and-set); the others are acknowledged at once. A message is acknowledged once its
+ * handler returned, or refused it (counted); on a fault it is negatively acknowledged with
+ * {@link backoff}, so it comes again later, for ever until it succeeds. Without a stream: a
  * subscription in the seat's queue group (what is published while the set is down is lost).
  */
 export async function bindEvents(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
@@ -143,46 +152,36 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
   const consumers: { messages: ConsumerMessages; loop: Promise<void> }[] = [];
   let stopping = false;
 
-  for (const { fn, trigger } of triggers) {
-    if (trigger.stream !== undefined) continue;
-    subscriptions.push(
-      nc.subscribe(trigger.event, {
-        queue: host.config.seat,
-        callback: (err, msg) => {
-          if (err) return host.log.error({ function: fn.name, err }, "subscription stopped");
-          void handle(host, fn, msg.data, { kind: "event", subject: msg.subject });
-        },
-      }),
-    );
-  }
-
-  const durable = durableOf(host.config);
-  for (const name of new Set(triggers.flatMap(({ trigger }) => (trigger.stream === undefined ? [] : [trigger.stream])))) {
-    const stream = host.config.streams[name]!.stream;
-    const takers = triggers.filter(({ trigger }) => trigger.stream === name);
-    await jsm.consumers.add(stream, {
-      durable_name: durable,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(ACK_WAIT_MS),
-      max_deliver: -1,
-      max_ack_pending: 1000,
-    }).catch((err: Error) => {
+  for (const { fn, trigger, i } of triggers) {
+    if (trigger.stream === undefined) {
+      subscriptions.push(
+        nc.subscribe(trigger.event, {
+          queue: host.config.seat,
+          callback: (err, msg) => {
+            if (err) return host.log.error({ function: fn.name, err }, "subscription stopped");
+            void handle(host, fn, msg.data, { kind: "event", subject: msg.subject });
+          },
+        }),
+      );
+      continue;
+    }
+    const stream = host.config.streams[trigger.stream]!.stream;
+    const durable = durableOf(fn, i);
+    await bindDurable(jsm, stream, durable, host.log).catch((err: Error) => {
       throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`);
     });
     const consumer = await nc.jetstream().consumers.get(stream, durable);
     const messages = await consumer.consume({ max_messages: BATCH });
     const one = async (m: JsMsg) => {
-      const info = { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount } as const;
-      const matched = takers.filter(({ trigger }) => subjectMatches(trigger.event, m.subject));
-      if (matched.length === 0) {
-        // Another replica may have the function this one lacks (a rolling upgrade): let it come again.
-        if (m.info.redeliveryCount < UNTAKEN_DELIVERIES) return m.nak(UNTAKEN_DELAY_MS);
-        host.log.warn({ stream, subject: m.subject, sequence: m.seq }, "event taken by no function; acknowledged");
-        return m.ack();
-      }
-      const verdicts = await Promise.all(matched.map(({ fn }) => handle(host, fn, m.data, info)));
-      if (verdicts.includes("failed")) m.nak(backoff(m.info.redeliveryCount));
+      if (!subjectMatches(trigger.event, m.subject)) return m.ack();
+      const verdict = await handle(host, fn, m.data, {
+        kind: "event",
+        subject: m.subject,
+        stream,
+        sequence: m.seq,
+        deliveries: m.info.redeliveryCount,
+      });
+      if (verdict === "failed") m.nak(backoff(m.info.redeliveryCount));
       else m.ack();
     };
     const loop = (async () => {
@@ -193,13 +192,13 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
           continue;
         }
         const handled: Promise<void> = one(m)
-          .catch((err: unknown) => host.log.error({ stream, durable, err }, "event not handled"))
+          .catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "event not handled"))
           .finally(() => running.delete(handled));
         running.add(handled);
         if (running.size >= BATCH) await Promise.race(running);
       }
       await Promise.all(running);
-    })().catch((err: unknown) => host.log.error({ stream, durable, err }, "consumer stopped"));
+    })().catch((err: unknown) => host.log.error({ function: fn.name, durable, err }, "consumer stopped"));
     consumers.push({ messages, loop });
   }
 

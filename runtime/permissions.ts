@@ -48,10 +48,17 @@ export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
   return unique(functions.flatMap((fn) => fn.definition.triggers.flatMap((t) => ("subject" in t ? [t.subject] : []))));
 }
 
-/** The durable consumers of a function set's `{ event, stream }` triggers: one per stream ({@link durableOf}). */
+/** The durable consumers of a function set's `{ event, stream }` triggers: stream and durable names. */
 export function durables(functions: readonly LoadedFunction[], config: Config): { stream: string; durable: string }[] {
-  const streams = new Set(functions.flatMap((fn) => fn.definition.triggers.flatMap((t) => ("event" in t && t.stream !== undefined ? [t.stream] : []))));
-  return [...streams].map((name) => ({ stream: config.streams[name]!.stream, durable: durableOf(config) }));
+  return functions.flatMap((fn) =>
+    fn.definition.triggers
+      .filter((t) => "event" in t)
+      .flatMap((t, i) =>
+        "event" in t && t.stream !== undefined
+          ? [{ stream: config.streams[t.stream]!.stream, durable: durableOf(fn, i) }]
+          : [],
+      ),
+  );
 }
 
 /**
@@ -95,6 +102,8 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.CONSUMER.CREATE.${stream}.${durable}`,
           `$JS.API.CONSUMER.CREATE.${stream}.${durable}.>`,
           `$JS.API.CONSUMER.INFO.${stream}.${durable}`,
+          // To make a filtered durable of an earlier set unfiltered.
+          `$JS.API.CONSUMER.DELETE.${stream}.${durable}`,
           `$JS.API.CONSUMER.MSG.NEXT.${stream}.${durable}`,
           `$JS.ACK.${stream}.${durable}.>`,
         ]),

@@ -104,8 +104,8 @@ interface Generation {
  * direct gets). Concurrent reads share these requests. Reads that would wait longer than
  * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
  * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
- * holds more keys than the stream has subjects: it loads the bucket again, reading from
- * `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
+ * holds another number of keys than the stream has subjects: it loads the bucket again,
+ * reading from `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
  */
 export async function openView(
   nc: NatsConnection,
@@ -208,22 +208,41 @@ export async function openView(
     });
   };
 
-  /** Loads the bucket again when the view holds keys the stream no longer has. */
+  /** Whether the stream holds no message after `sequence` (only asked of a stream with direct gets). */
+  const nothingAfter = async (sequence: number) =>
+    (await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${sequence + 1},${probe}`, { timeout: 5000 })).headers?.code === 404;
+
+  let loading: Generation | undefined;
+  /**
+   * Loads the bucket again when the view holds another number of keys than the stream has
+   * subjects: messages were removed without a marker (a purge, an age limit), or, on
+   * nats-server 2.9.10, a filtered purge moved the watch past messages it had not delivered.
+   */
   const resync = async () => {
     if (stopped || reloading) return;
     const { state } = await jsm.streams.info(stream);
     const generation = current!;
-    // Only a view that had applied everything the count covers can be compared with it.
-    if (generation.applied < state.last_seq || state.num_subjects === undefined || generation.tree.size <= state.num_subjects) return;
-    log.warn({ bucket, held: generation.tree.size, subjects: state.num_subjects }, "messages were removed behind the view; loading the bucket again");
+    const { applied } = generation;
+    // nats-server leaves the count out when it is 0.
+    const subjects = state.num_subjects ?? (state.messages === 0 ? 0 : undefined);
+    if (subjects === undefined) return;
+    // The count speaks of the stream up to its last sequence: compare a view holding exactly
+    // that, or, when the last message was removed, holding everything there is.
+    const comparable =
+      applied === state.last_seq ||
+      (direct && applied < state.last_seq && (await nothingAfter(applied)) && current === generation && generation.applied === applied);
+    if (!comparable || generation.tree.size === subjects) return;
+    log.warn({ bucket, held: generation.tree.size, subjects }, "the view and the stream differ; loading the bucket again");
     reloading = true;
     try {
-      const next = await start();
-      await next.loaded;
-      current = next;
+      loading = await start();
+      await loading.loaded;
+      if (stopped) return loading.watch.stop();
+      current = loading;
       generation.watch.stop();
-      for (const waiter of waiters) if (waiter.target <= next.applied) waiter.done(true);
+      for (const waiter of waiters) if (waiter.target <= loading.applied) waiter.done(true);
     } finally {
+      loading = undefined;
       reloading = false;
     }
   };
@@ -313,6 +332,7 @@ export async function openView(
       stopped = true;
       clearInterval(timer);
       current!.watch.stop();
+      loading?.watch.stop();
     },
     get: async (key) => ((await caughtUp()) ? local : server).get(key),
     last: async (key) => ((await caughtUp()) ? local : server).last(key),

@@ -1,7 +1,7 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { NatsConnection } from "nats";
+import { AckPolicy, DeliverPolicy, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadFunctions, start, type Config } from "../runtime/index.ts";
 import { startTestBus } from "../runtime/testing.ts";
@@ -17,6 +17,7 @@ let seat: NatsConnection;
 /** A provider allowed to publish the probe's subjects. */
 let prober: NatsConnection;
 let dir: string;
+let otherDir: string;
 
 interface Seen {
   n: number;
@@ -45,16 +46,30 @@ export default defineFunction({
 });
 `,
   );
-  // The bus grants the seat what the probe function needs, derived from it.
+  // Another replica's function set: only a function taking probe.other.> on the same stream.
+  otherDir = mkdtempSync(join(TMP, "functions-"));
+  writeFileSync(
+    join(otherDir, "other-events.ts"),
+    `import { defineFunction } from ${JSON.stringify(RUNTIME)};
+export default defineFunction({
+  description: "Takes only probe.other.>.",
+  triggers: [{ event: "probe.other.>", stream: "probe" }],
+  handler: () => ((globalThis as any).__otherSeen = ((globalThis as any).__otherSeen ?? 0) + 1),
+});
+`,
+  );
+  // The bus grants the seat what both probe function sets need, derived from them.
   const { registry: _, ...config } = (await projectConfig()) as Config & { registry?: unknown };
   const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"] } };
-  bus = await startTestBus(probe, { functions: await loadFunctions(probe), providers: ["prober"] });
+  const both = [...(await loadFunctions(probe)), ...(await loadFunctions({ ...probe, functions: otherDir }))];
+  bus = await startTestBus(probe, { functions: both, providers: ["prober"] });
   seat = await bus.connect();
   prober = await bus.connect("prober");
 });
 afterAll(async () => {
   await bus.stop();
   rmSync(dir, { recursive: true, force: true });
+  rmSync(otherDir, { recursive: true, force: true });
 });
 
 const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20 } };
@@ -94,7 +109,7 @@ describe("event triggers", () => {
         count: 2,
         last: { subject: "probe.ev.c", reason: "n: Invalid input: expected number, received string" },
       });
-      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "mesh-provisioner");
+      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "probe-events");
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
       await sleep(1500); // nothing refused comes back
       expect(seen()).toHaveLength(3);
@@ -122,20 +137,9 @@ describe("event triggers", () => {
     }
   });
 
-  it("leaves an event its replica has no function for to a replica that has one", async () => {
-    // Replica `other` (another version of the set, as in a rolling upgrade) shares the durable
-    // consumer but takes only probe.other.>; the probe.ev.* events must all reach `set`.
-    const otherDir = mkdtempSync(join(TMP, "functions-"));
-    writeFileSync(
-      join(otherDir, "other-events.ts"),
-      `import { defineFunction } from ${JSON.stringify(RUNTIME)};
-export default defineFunction({
-  description: "Takes only probe.other.>.",
-  triggers: [{ event: "probe.other.>", stream: "probe" }],
-  handler: () => ((globalThis as any).__otherSeen = ((globalThis as any).__otherSeen ?? 0) + 1),
-});
-`,
-    );
+  it("hands every event to its function, whatever functions another replica has", async () => {
+    // Replica `other` (another version of the set, as in a rolling upgrade) has only a function
+    // taking probe.other.>; the probe.ev.* events must all reach `set`'s function, once each.
     seen().length = 0;
     const other = await start({ config: { ...probeConfig(), functions: otherDir, http: { host: "127.0.0.1", port: 0 } } });
     const set = await start({ config: probeConfig() });
@@ -148,7 +152,35 @@ export default defineFunction({
     } finally {
       await set.stop();
       await other.stop();
-      rmSync(otherDir, { recursive: true, force: true });
+    }
+  });
+
+  it("makes a filtered durable of an earlier set unfiltered, going on from what it acknowledged", async () => {
+    const jsm = await seat.jetstreamManager();
+    await jsm.consumers.delete("probe_events", "probe-events");
+    await jsm.consumers.add("probe_events", {
+      durable_name: "probe-events",
+      filter_subject: "probe.ev.*",
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.New,
+    });
+    for (let i = 0; i < 3; i++) await publish(`probe.ev.m${i}`, { n: 200 + i });
+    const old = await seat.jetstream().consumers.get("probe_events", "probe-events");
+    const first = await old.next();
+    first!.ack();
+    await seat.flush();
+    await until(async () => (await jsm.consumers.info("probe_events", "probe-events")).num_ack_pending === 0);
+    seen().length = 0;
+    const set = await start({ config: probeConfig() });
+    try {
+      await until(() => seen().length >= 2);
+      await sleep(300);
+      expect(seen().map((s) => s.n)).toEqual([201, 202]);
+      const info = await jsm.consumers.info("probe_events", "probe-events");
+      expect(info.config.filter_subject ?? "").toBe("");
+      expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
+    } finally {
+      await set.stop();
     }
   });
 

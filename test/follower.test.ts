@@ -28,11 +28,11 @@ async function emit(provider: string, kind: "failing" | "recovered", event: Reco
   await providers[provider]!.jetstream().publish(`${provider}.provisioner.${kind}`, data);
 }
 
-/** Waits until the function set's durable consumer has handled everything in the stream. */
+/** Waits until the follower's durable consumers have handled everything in the stream. */
 async function settled() {
   const jsm = await seat.jetstreamManager();
   await until(async () => {
-    for (const durable of ["mesh-provisioner"]) {
+    for (const durable of ["provider-failing", "provider-recovered"]) {
       const info = await jsm.consumers.info("mesh-provisioner_events", durable).catch(() => undefined);
       if (info === undefined || info.num_pending > 0 || info.num_ack_pending > 0) return false;
     }

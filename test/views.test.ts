@@ -126,6 +126,25 @@ describe("a live view and what the key-value layer does not say", () => {
     }
   });
 
+  it("drops a purged key even after the stream's last message was purged", async () => {
+    const name = "mesh-provisioner_views-lastpurge";
+    const bucket = await seat.jetstream().views.kv(name, { history: 1, allow_direct: true });
+    const jsm = await seat.jetstreamManager();
+    await bucket.put("a", "1");
+    await bucket.put("b", "2");
+    const watched = await openView(seat, bucket, name, readBucket(bucket, name), silent, { resyncMs: 100 });
+    await watched.loaded;
+    try {
+      await jsm.streams.purge(`KV_${name}`, { filter: `$KV.${name}.b` });
+      await until(async () => (await watched.list(">")).length === 1, 5000, "b dropped");
+      await jsm.streams.purge(`KV_${name}`, { filter: `$KV.${name}.a` });
+      await until(async () => (await watched.list(">")).length === 0, 5000, "a dropped");
+      expect(await watched.get("a")).toBeNull();
+    } finally {
+      watched.stop();
+    }
+  });
+
   it("answers from memory on a stream that does not allow direct gets", async () => {
     const name = "mesh-provisioner_views-nodirect";
     const plain = await seat.jetstream().views.kv(name, { history: 1, allow_direct: false });

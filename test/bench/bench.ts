@@ -16,9 +16,8 @@ import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnec
 import { Bench } from "tinybench";
 import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openHost } from "../../runtime/index.ts";
 import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
-import { durableOf } from "../../runtime/events.ts";
 import { createLogger } from "../../runtime/log.ts";
-import { authorization } from "../../runtime/permissions.ts";
+import { authorization, durables as durablesOf } from "../../runtime/permissions.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 
 const ROOT = resolve(import.meta.dirname, "../..");
@@ -289,7 +288,7 @@ async function main() {
     }
     await Promise.all(acks.splice(0));
   }
-  const durables = [durableOf(config)];
+  const durables = durablesOf(functions, config).map((d) => d.durable);
   const delivered = async () => Promise.all(durables.map((d) => jsm.consumers.info(stream, d)));
   const before = (await delivered()).map((i) => i.delivered.stream_seq);
   set = await startSet();
