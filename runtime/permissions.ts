@@ -94,8 +94,9 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.CREATE.${kvStream(b)}`,
         ]),
         ...[...read.map(bucketOf), runtime].flatMap((b) => readsBucket(b)),
-        // A live view asks for the first message after the last it applied (any subject).
-        ...viewed.map((b) => `$JS.API.DIRECT.GET.${kvStream(bucketOf(b))}`),
+        // A live view asks for the first message after the last it applied (any subject), with
+        // the stream API's get where the stream does not allow direct gets.
+        ...viewed.flatMap((b) => [`$JS.API.DIRECT.GET.${kvStream(bucketOf(b))}`, `$JS.API.STREAM.MSG.GET.${kvStream(bucketOf(b))}`]),
         ...[...written.map(bucketOf), runtime].map((b) => `$KV.${b}.>`),
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
         ...durables(functions, config).flatMap(({ stream, durable }) => [

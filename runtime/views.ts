@@ -99,9 +99,9 @@ interface Generation {
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
  * makes sure the view holds every write acknowledged before it was asked (SPEC §4), as
  * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
- * after the last one the view applied finds none, or else the view waits for the stream's last
- * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`, the only check when the stream does not allow
- * direct gets). Concurrent reads share these requests. Reads that would wait longer than
+ * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>` when
+ * the stream does not allow direct gets), or else the view waits for the stream's last
+ * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would wait longer than
  * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
  * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
  * holds another number of keys than the stream has subjects: it loads the bucket again,
@@ -169,14 +169,21 @@ export async function openView(
   const first = current;
   let reloading = false;
 
-  const probe = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
+  const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
+  /**
+   * Whether the stream holds no message after `sequence`: a direct get of the first one after it,
+   * or, on a stream without direct gets, the stream API's get (both 404 when there is none).
+   */
+  const nothingAfter = async (sequence: number): Promise<boolean> => {
+    const request = `{"seq":${sequence + 1},${next}`;
+    if (direct) return (await nc.request(`$JS.API.DIRECT.GET.${stream}`, request, { timeout: 5000 })).headers?.code === 404;
+    const reply = await nc.request(`$JS.API.STREAM.MSG.GET.${stream}`, request, { timeout: 5000 });
+    return (reply.json() as { error?: { code?: number } }).error?.code === 404;
+  };
   /** The stream sequence the view must reach to hold every write acknowledged before the call. */
   const target = coalesced(async () => {
     const held = current!.applied;
-    if (direct) {
-      const reply = await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${held + 1},${probe}`, { timeout: 5000 });
-      if (reply.headers?.code === 404) return held;
-    }
+    if (await nothingAfter(held)) return held;
     return (await jsm.streams.info(stream)).state.last_seq;
   });
 
@@ -208,10 +215,6 @@ export async function openView(
     });
   };
 
-  /** Whether the stream holds no message after `sequence` (only asked of a stream with direct gets). */
-  const nothingAfter = async (sequence: number) =>
-    (await nc.request(`$JS.API.DIRECT.GET.${stream}`, `{"seq":${sequence + 1},${probe}`, { timeout: 5000 })).headers?.code === 404;
-
   let loading: Generation | undefined;
   /**
    * Loads the bucket again when the view holds another number of keys than the stream has
@@ -230,7 +233,7 @@ export async function openView(
     // that, or, when the last message was removed, holding everything there is.
     const comparable =
       applied === state.last_seq ||
-      (direct && applied < state.last_seq && (await nothingAfter(applied)) && current === generation && generation.applied === applied);
+      (applied < state.last_seq && (await nothingAfter(applied)) && current === generation && generation.applied === applied);
     if (!comparable || generation.tree.size === subjects) return;
     log.warn({ bucket, held: generation.tree.size, subjects }, "the view and the stream differ; loading the bucket again");
     reloading = true;
