@@ -2,7 +2,8 @@ import { defineConfig } from "./runtime/index.ts";
 
 /**
  * What differs per deployment. NATS_URL, NATS_CREDS, NATS_NKEY, NATS_USER, NATS_PASSWORD,
- * NATS_TOKEN, HTTP_HOST and HTTP_PORT override the fields below (SPEC §6).
+ * NATS_TOKEN, NATS_CA, NATS_CERT, NATS_KEY, HTTP_HOST and HTTP_PORT override the fields below
+ * (SPEC §6); LOG_LEVEL sets the logs.
  */
 export default defineConfig({
   seat: "mesh-provisioner",

@@ -116,7 +116,8 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
 /**
  * Binds `durable` on `stream`: every message, explicit acknowledgement. A durable of that name
  * made filtered (as sets before this one made them) is made again unfiltered, from the first
- * message it had not acknowledged, so nothing is handled twice or lost.
+ * message after its acknowledgement floor: nothing is lost, and what it had acknowledged above
+ * the floor comes again (handlers bear running twice).
  */
 async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, log: Logger): Promise<void> {
   const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: nanos(ACK_WAIT_MS), max_deliver: -1, max_ack_pending: 1000 };

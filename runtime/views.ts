@@ -10,8 +10,7 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
 /**
  * How long a read waits for the view to reach the stream's last sequence before it reads from
  * the server instead, in milliseconds. Only a stream whose last message was removed by hand
- * (a stream purge) keeps a view from reaching it. Messages removed that way are not seen by a
- * view: their keys stay in it until the set starts again.
+ * (a stream purge) keeps a view from reaching it.
  */
 export const CATCH_UP_MS = 500;
 
