@@ -90,8 +90,10 @@ export async function bindSubjects(
 
 /**
  * Runs every `{ cron, onStart: true }` function once now (in order, awaited), then schedules
- * every `{ cron }` trigger with croner. A run still going when the next is due skips that one.
- * A successful run is recorded (`ctx.runtime.lastRun`).
+ * every `{ cron }` trigger with croner. Each scheduled time runs once across all replicas: the
+ * replica that claims it first (the runtime's claims bucket) runs it; a claim that cannot be
+ * made skips the run. A run still going when the next is due skips that one. A successful run
+ * is recorded (`ctx.runtime.lastRun`).
  */
 export async function bindCron(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
   const triggers = triggersOf(functions, "cron");
@@ -100,8 +102,14 @@ export async function bindCron(host: Host, functions: readonly LoadedFunction[])
   }
   const jobs = triggers.map(
     ({ fn, trigger }) =>
-      new Cron(trigger.cron, { protect: true }, async (job: Cron) => {
-        const scheduledAt = job.currentRun() ?? new Date();
+      new Cron(trigger.cron, { protect: true }, async () => {
+        // Schedules are whole seconds: the nearest one names this run the same on every replica.
+        const scheduledAt = new Date(Math.round(Date.now() / 1000) * 1000);
+        const claimed = await host.records.claim(fn.name, scheduledAt).catch((err: unknown) => {
+          host.log.warn({ function: fn.name, scheduledAt, err }, "scheduled run not claimed; skipped");
+          return false;
+        });
+        if (!claimed) return;
         await report(host, fn, "cron", await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt }));
       }),
   );

@@ -1,4 +1,4 @@
-import { DiscardPolicy, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { BucketConfig, Config } from "./config.ts";
@@ -6,7 +6,7 @@ import type { Clock, Context, TriggerInfo } from "./define.ts";
 import { AccessError, formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import { JsonText } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
-import { recordsBucket, recorder, type Recorder } from "./records.ts";
+import { CLAIM_DAYS, claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
 import { openView, type LiveView, type ViewBucket } from "./views.ts";
 
@@ -71,9 +71,11 @@ function guarded<T extends object>(fn: string, buckets: T, known: readonly strin
 
 /** The runtime's own bucket among the opened ones; no config name can be this. */
 const RECORDS = "<runtime>";
+const CLAIMS = "<claims>";
 
 /**
- * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime`, on the
+ * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime` and
+ * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), on the
  * connection (SPEC §2): a missing one is created as a JetStream key-value bucket keeping
  * `history` values per key, refusing rollup headers (so no writer can erase keys it was not
  * granted); an existing one is left as it is, never emptied, with a warning when a
@@ -84,12 +86,13 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
   const opened = new Map<string, KV>();
-  const all: [string, BucketConfig][] = [
+  const all: [string, BucketConfig & { maxAgeSeconds?: number }][] = [
     ...Object.entries(config.buckets),
     [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
+    [CLAIMS, { bucket: claimsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1, maxAgeSeconds: CLAIM_DAYS * 86_400 }],
   ];
   await Promise.all(
-    all.map(async ([name, { bucket, history, writtenBy }]) => {
+    all.map(async ([name, { bucket, history, writtenBy, maxAgeSeconds }]) => {
       const stream = `KV_${bucket}`;
       try {
         const info = await jsm.streams.info(stream).catch((err: Error) => {
@@ -105,6 +108,7 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
             deny_delete: true,
             allow_rollup_hdrs: false,
             num_replicas: 1,
+            ...(maxAgeSeconds === undefined ? {} : { max_age: nanos(maxAgeSeconds * 1000) }),
           });
         });
         if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
@@ -150,7 +154,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
   const kvs = await assertBuckets(nc, config, log);
   const views = await openViews(nc, config, kvs, functions, log);
   const js = nc.jetstream();
-  const records = recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)));
+  const records = recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)));
   const runtime = Object.freeze({ lastRun: records.lastRun, refusedEvents: records.refusedEvents });
   const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
   type Shared = Omit<AnyContext, "trigger">;

@@ -1,7 +1,7 @@
 import type { Config } from "./config.ts";
 import { durableOf } from "./events.ts";
 import type { LoadedFunction } from "./loader.ts";
-import { recordsBucket } from "./records.ts";
+import { claimsBucket, recordsBucket } from "./records.ts";
 
 /**
  * One user's permissions in nats-server's `authorization` block (nats-server 2.9 semantics):
@@ -73,6 +73,7 @@ export function durables(functions: readonly LoadedFunction[], config: Config): 
  */
 export function seatPermissions(config: Config, functions: readonly LoadedFunction[]): Permissions {
   const runtime = recordsBucket(config.seat);
+  const claims = claimsBucket(config.seat);
   const bucketOf = (name: string) => config.buckets[name]!.bucket;
   const viewed = unique(functions.flatMap(({ definition: { access } }) => access?.views ?? []));
   const read = functions.flatMap(({ definition: { access } }) => [...(access?.reads ?? []), ...(access?.writes ?? []), ...(access?.views ?? [])]);
@@ -89,15 +90,15 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
     publish: {
       allow: unique([
         "$JS.API.INFO",
-        ...[...Object.values(config.buckets).map((b) => b.bucket), runtime].flatMap((b) => [
+        ...[...Object.values(config.buckets).map((b) => b.bucket), runtime, claims].flatMap((b) => [
           `$JS.API.STREAM.INFO.${kvStream(b)}`,
           `$JS.API.STREAM.CREATE.${kvStream(b)}`,
         ]),
-        ...[...read.map(bucketOf), runtime].flatMap((b) => readsBucket(b)),
+        ...[...read.map(bucketOf), runtime, claims].flatMap((b) => readsBucket(b)),
         // A live view asks for the first message after the last it applied (any subject), with
         // the stream API's get where the stream does not allow direct gets.
         ...viewed.flatMap((b) => [`$JS.API.DIRECT.GET.${kvStream(bucketOf(b))}`, `$JS.API.STREAM.MSG.GET.${kvStream(bucketOf(b))}`]),
-        ...[...written.map(bucketOf), runtime].map((b) => `$KV.${b}.>`),
+        ...[...written.map(bucketOf), runtime, claims].map((b) => `$KV.${b}.>`),
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
         ...durables(functions, config).flatMap(({ stream, durable }) => [
           `$JS.API.CONSUMER.CREATE.${stream}.${durable}`,

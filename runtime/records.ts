@@ -5,6 +5,9 @@ import type { Refused, Run, RuntimeRecords } from "./define.ts";
 
 /** The runtime's own bucket of a seat: its records, shared by every replica of the set. */
 export const recordsBucket = (seat: string): string => `${seat}_runtime`;
+/** The runtime's bucket of claimed scheduled runs (`<function>.<scheduled time, ms>`), kept {@link CLAIM_DAYS} days. */
+export const claimsBucket = (seat: string): string => `${seat}_claims`;
+export const CLAIM_DAYS = 1;
 
 /** The runtime's side of its records: what it writes, besides what functions read. */
 export interface Recorder extends RuntimeRecords {
@@ -12,6 +15,11 @@ export interface Recorder extends RuntimeRecords {
   ran(fn: string, run: Run): Promise<void>;
   /** Counts one refused event of `fn` (key `refused.<fn>`, compare-and-set, so replicas add up). */
   refused(fn: string, last: NonNullable<Refused["last"]>): Promise<void>;
+  /**
+   * Claims the run of `fn` scheduled at `scheduledAt` for this replica: `true` when no replica
+   * had (a create of `<fn>.<ms>` in the claims bucket), `false` when one had.
+   */
+  claim(fn: string, scheduledAt: Date): Promise<boolean>;
 }
 
 const decoder = new TextDecoder();
@@ -35,10 +43,20 @@ function read<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
 /**
  * Records over the runtime's bucket `<seat>_runtime`; keys `ran.<function>`, `refused.<function>`.
  * A record that cannot be read counts as none (and is overwritten by the next one), so a damaged
- * record never stops a function that reads the records.
+ * record never stops a function that reads the records. Claims go to `claims`
+ * (`<seat>_claims`).
  */
-export function recorder(bucket: WriteBucket): Recorder {
+export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
   return {
+    async claim(fn, scheduledAt) {
+      try {
+        await claims.create(`${fn}.${scheduledAt.getTime()}`, scheduledAt.toISOString());
+        return true;
+      } catch (err) {
+        if (err instanceof RevisionConflict) return false;
+        throw err;
+      }
+    },
     async ran(fn, run) {
       await bucket.put(`ran.${fn}`, JSON.stringify({ at: run.at.toISOString(), trigger: run.trigger }));
     },

@@ -151,6 +151,7 @@ describe("the seat's permissions, derived from the functions", () => {
       "$KV.mesh-provisioner_failing.>",
       "$KV.mesh-provisioner_registry.>",
       "$KV.mesh-provisioner_runtime.>",
+      "$KV.mesh-provisioner_claims.>",
     ]);
     expect(subscribe.allow).toContain("mesh-provisioner.provisioning");
   });

@@ -236,6 +236,29 @@ export default defineFunction({
     for (let i = 1; i < runs.length; i++) expect(runs[i]!.start).toBeGreaterThanOrEqual(runs[i - 1]!.end);
   });
 
+  it("runs each scheduled time once across two replicas of the set", async () => {
+    const dir = functionsFolder({
+      "twice.ts": `${header}
+export default defineFunction({
+  description: "Notes each run's scheduled time, every second.",
+  triggers: [{ cron: "* * * * * *" }],
+  handler: async (_input, ctx) => {
+    if (ctx.trigger.kind !== "cron") throw new Error("not cron");
+    ((globalThis as any).__twiceRuns ??= []).push(ctx.trigger.scheduledAt.getTime());
+  },
+});
+`,
+    });
+    const first = await start({ config: configFor(dir) });
+    const second = await start({ config: configFor(dir) });
+    await new Promise((r) => setTimeout(r, 4500));
+    await Promise.all([first.stop(), second.stop()]);
+    const runs = (globalThis as any).__twiceRuns as number[];
+    expect(runs.length).toBeGreaterThanOrEqual(3);
+    expect(new Set(runs).size).toBe(runs.length);
+    expect(runs.every((at) => at % 1000 === 0)).toBe(true);
+  });
+
   it("invokes one function on its own with the context the runtime builds", async () => {
     const config = { ...(await projectConfig()), ...bus.config };
     const host = await openHost({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
