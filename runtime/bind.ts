@@ -93,12 +93,16 @@ export async function bindSubjects(
  * every `{ cron }` trigger with croner. Each scheduled time runs once across all replicas: the
  * replica that claims it first (the runtime's claims bucket) runs it; a claim that cannot be
  * made skips the run. A run still going when the next is due skips that one. A successful run
- * is recorded (`ctx.runtime.lastRun`).
+ * is recorded (`ctx.runtime.lastRun`). Returns the functions whose run at start failed.
  */
-export async function bindCron(host: Host, functions: readonly LoadedFunction[]): Promise<Binding> {
+export async function bindCron(host: Host, functions: readonly LoadedFunction[]): Promise<Binding & { failedAtStart: string[] }> {
   const triggers = triggersOf(functions, "cron");
+  const failedAtStart: string[] = [];
   for (const { fn, trigger } of triggers) {
-    if (trigger.onStart) await report(host, fn, "start", await host.run(fn, {}, { kind: "start" }));
+    if (!trigger.onStart) continue;
+    const outcome = await host.run(fn, {}, { kind: "start" });
+    if (!outcome.ok) failedAtStart.push(fn.name);
+    await report(host, fn, "start", outcome);
   }
   const jobs = triggers.map(
     ({ fn, trigger }) =>
@@ -110,10 +114,13 @@ export async function bindCron(host: Host, functions: readonly LoadedFunction[])
           return false;
         });
         if (!claimed) return;
-        await report(host, fn, "cron", await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt }));
+        const outcome = await host.run(fn, {}, { kind: "cron", cron: trigger.cron, scheduledAt });
+        // A function that failed at start and has now run is no longer a reason to be not ready.
+        if (outcome.ok && failedAtStart.includes(fn.name)) failedAtStart.splice(failedAtStart.indexOf(fn.name), 1);
+        await report(host, fn, "cron", outcome);
       }),
   );
-  return { stop: async () => jobs.forEach((job) => job.stop()) };
+  return { failedAtStart, stop: async () => jobs.forEach((job) => job.stop()) };
 }
 
 async function report(host: Host, fn: LoadedFunction, trigger: "cron" | "start", outcome: Outcome): Promise<void> {
@@ -138,10 +145,18 @@ async function httpInput(c: HonoContext): Promise<Outcome> {
 
 /**
  * One Hono app with a route per `{ http: "METHOD /path" }` trigger. Answers are JSON; a refusal
- * has the status of its code and the body of SPEC §4; an unknown route is a JSON 404.
+ * has the status of its code and the body of SPEC §4; an unknown route is a JSON 404. Besides,
+ * `GET /healthz` answers 200 while the process runs, and `GET /readyz` 200 `{ ready: true }`,
+ * or 503 `{ ready: false, reasons }` with what `readiness` says is missing.
  */
-export function httpApp(host: Host, functions: readonly LoadedFunction[]): Hono {
+export function httpApp(host: Host, functions: readonly LoadedFunction[], readiness: () => string[] = () => []): Hono {
   const app = new Hono();
+  // The runtime's own: the process is up; the set is ready, or why not.
+  app.get("/healthz", (c) => c.json({ ok: true }));
+  app.get("/readyz", (c) => {
+    const notReady = readiness();
+    return notReady.length === 0 ? c.json({ ready: true }) : c.json({ ready: false, reasons: notReady }, 503);
+  });
   for (const { fn, trigger } of triggersOf(functions, "http")) {
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {

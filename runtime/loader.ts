@@ -8,6 +8,10 @@ import { definitionSchema, type FunctionDefinition, type Trigger } from "./defin
 import { formatIssues } from "./errors.ts";
 
 /** A function file that passed its checks: its name is the file name without `.ts`. */
+
+/** HTTP paths the runtime answers itself: health and readiness. */
+export const RUNTIME_PATHS = ["/healthz", "/readyz"];
+
 export interface LoadedFunction {
   readonly name: string;
   readonly file: string;
@@ -107,6 +111,12 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   }
 
   for (const fn of functions) {
+    fn.definition.triggers.forEach((trigger, i) => {
+      const path = "http" in trigger ? trigger.http.split(" ")[1] : undefined;
+      if (path !== undefined && RUNTIME_PATHS.includes(path)) {
+        problems.push(`${shown(fn.file)}: triggers.${i}.http: ${path} is the runtime's own (${RUNTIME_PATHS.join(", ")})`);
+      }
+    });
     fn.definition.triggers.forEach((trigger, i) => {
       if (!("event" in trigger) || trigger.stream === undefined || trigger.stream in config.streams) return;
       const known = Object.keys(config.streams);

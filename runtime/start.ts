@@ -78,14 +78,32 @@ export async function start(options: StartOptions): Promise<Running> {
       host?.close();
       await session.close();
     })());
+  // What `GET /readyz` says is missing (empty: ready).
+  let bound = false;
+  let connected = true;
+  let failedAtStart: string[] = [];
+  const readiness = () => [
+    ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
+    ...(connected ? [] : ["not connected to NATS: reconnecting"]),
+    ...failedAtStart.map((name) => `${name}: its run at start failed`),
+  ];
+  void (async () => {
+    for await (const status of session.nc.status()) {
+      if (status.type === "disconnect") connected = false;
+      if (status.type === "reconnect") connected = true;
+    }
+  })();
   try {
     host = await openHost({ nc: session.nc, config, log, clock: options.clock, functions });
     bindings.push(await bindSubjects(host, functions, versionOf(config)));
-    http = await listen(httpApp(host, functions), config.http.host, config.http.port);
+    http = await listen(httpApp(host, functions, readiness), config.http.host, config.http.port);
     bindings.push(await bindEvents(host, functions));
-    bindings.push(await bindCron(host, functions));
+    const cron = await bindCron(host, functions);
+    bindings.push(cron);
+    failedAtStart = cron.failedAtStart;
     // Ready means the server has every subscription: a request sent now finds its responder.
     await session.nc.flush();
+    bound = true;
     const { port } = http.address() as { port: number };
     return {
       natsUrl: session.url,

@@ -285,6 +285,7 @@ describe("what a function may declare", () => {
         fn("nearly-everything.ts", `triggers: [{ event: "*.>" }, { event: "*.*.*" }, { event: "*.provisioner.failing" }]`),
         fn("wide.ts", `triggers: [{ subject: "w.x" }], access: { publishes: [">", "*.x", "$KV.b.>", "ok.>"] }`),
         fn("writer.ts", `triggers: [{ subject: "w.y" }], access: { writes: ["needs"] }`),
+        fn("health.ts", `triggers: [{ http: "GET /readyz" }]`),
       ]),
     );
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
@@ -297,6 +298,7 @@ describe("what a function may declare", () => {
       `${f("nearly-everything.ts")}: not a valid function: triggers.0.event: ${ONLY_WILDCARDS}; triggers.1.event: ${ONLY_WILDCARDS}`,
       `${f("purge.ts")}: not a valid function: triggers.0.subject: ${RESERVED}`,
       `${f("wide.ts")}: not a valid function: access.publishes.0: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.1: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.2: ${RESERVED}`,
+      `${f("health.ts")}: triggers.0.http: /readyz is the runtime's own (/healthz, /readyz)`,
       `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (SPEC §2), never by the seat`,
     ]);
   });
