@@ -1,5 +1,6 @@
 import { Cron } from "croner";
 import { Hono, type Context as HonoContext } from "hono";
+import { z } from "zod";
 import type { Service, ServiceMsg } from "nats";
 import type { Trigger } from "./define.ts";
 import { errorBody, refusalMessage } from "./errors.ts";
@@ -34,6 +35,29 @@ export function parsePayload(data: Uint8Array): Outcome {
   } catch (err) {
     return { ok: false, error: { code: 400, message: `payload is not JSON: ${(err as Error).message}` } };
   }
+}
+
+/** A schema as JSON Schema text (what it accepts, or what it gives); what JSON Schema cannot say is left open. */
+function jsonSchemaOf(schema: z.ZodType, io: "input" | "output"): string | undefined {
+  try {
+    return JSON.stringify(z.toJSONSchema(schema, { io, unrepresentable: "any" }));
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A request/reply function's metadata in the NATS service's description ($SRV.INFO): its
+ * description, and the JSON Schema of its request and, when it declares `output`, of its answer.
+ */
+export function endpointMetadata(fn: LoadedFunction): Record<string, string> {
+  const request = jsonSchemaOf(fn.input, "input");
+  const response = fn.definition.output === undefined ? undefined : jsonSchemaOf(fn.definition.output, "output");
+  return {
+    description: fn.definition.description,
+    ...(request === undefined ? {} : { request_schema: request }),
+    ...(response === undefined ? {} : { response_schema: response }),
+  };
 }
 
 function refuse(msg: ServiceMsg, code: number, message: string): void {
@@ -74,6 +98,7 @@ export async function bindSubjects(
     };
     service.addEndpoint(i === 0 ? fn.name : `${fn.name}-${i + 1}`, {
       subject: trigger.subject,
+      metadata: endpointMetadata(fn),
       handler: (err, msg) => {
         if (err) return host.log.error({ function: fn.name, err }, "endpoint stopped");
         // An answer goes to an inbox only: a reply subject such as `$KV.<bucket>.<key>` would

@@ -108,6 +108,11 @@ export interface FunctionDefinition<
   readonly triggers: readonly Trigger[];
   /** Schema of the input (request payload, HTTP query or body); `{}` when absent. */
   readonly input?: Input;
+  /**
+   * Schema of the answer, for describing the function (the NATS service's endpoint metadata);
+   * answers are not checked against it.
+   */
+  readonly output?: z.ZodType;
   /** Schema of the config fields the function reads; checked against the config at start. */
   readonly config?: Config;
   /**
@@ -215,6 +220,7 @@ export const definitionSchema = z.strictObject({
     )
     .min(1, "a function needs at least one trigger"),
   input: zodSchema.optional(),
+  output: zodSchema.optional(),
   config: zodObject.optional(),
   access: z
     .strictObject({

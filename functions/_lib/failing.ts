@@ -249,6 +249,18 @@ export interface Status {
   readonly rejectedEvents: number;
 }
 
+const outOfShapeItem = z.object({ key: z.string(), reason: z.string() });
+
+/** The status answer as a schema, for the service's description of it ($SRV.INFO). */
+export const statusAnswer = z.object({
+  well: z.boolean(),
+  failing: z.array(z.object({ provider: z.string(), machine: z.string(), consumer: z.string(), word: z.string(), since: z.string(), at: z.string() })),
+  outOfShape: z.array(outOfShapeItem),
+  omitted: z.number().int(),
+  registry: z.object({ kinds: z.array(z.string()), compiledAt: z.string().nullable() }),
+  rejectedEvents: z.number().int(),
+}) satisfies z.ZodType<Status>;
+
 const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 const byTriple = (a: Failing, b: Failing) =>
   order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);

@@ -79,6 +79,18 @@ export interface Answer {
   readonly next?: string;
 }
 
+/** An answer page as a schema, for the service's description of it ($SRV.INFO). */
+export const answerSchema = z.object({
+  what: z.enum(["registry", "needs", "applied", "collect"]),
+  entries: z.array(
+    z.looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() }).describe(
+      "the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it",
+    ),
+  ),
+  outOfShape: z.array(z.object({ key: z.string(), reason: z.string() })),
+  next: z.string().optional(),
+}) satisfies z.ZodType<Answer>;
+
 /** The narrowing of a request, as key fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
   return Object.fromEntries(

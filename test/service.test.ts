@@ -1,0 +1,39 @@
+import type { NatsConnection, ServiceInfo } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { startSet, testBus } from "./helpers.ts";
+
+let bus: TestBus;
+let set: Running;
+let operator: NatsConnection;
+
+beforeAll(async () => {
+  // An operator's tools ask $SRV subjects, which the derived permissions give no role.
+  bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+  set = await startSet(bus);
+  operator = await bus.connect();
+});
+afterAll(async () => {
+  await set.stop();
+  await bus.stop();
+});
+
+describe("the NATS service", () => {
+  it("describes each request/reply function with the JSON Schema of its request and answer", async () => {
+    const infos: ServiceInfo[] = [];
+    for await (const info of await operator.services.client().info("mesh-provisioner")) infos.push(info);
+    expect(infos).toHaveLength(1);
+    const endpoints = Object.fromEntries(infos[0]!.endpoints.map((e) => [e.name, e]));
+    expect(Object.keys(endpoints).sort()).toEqual(["provisioning", "status"]);
+    expect(endpoints.provisioning!.subject).toBe("mesh-provisioner.provisioning");
+    const request = JSON.parse(endpoints.provisioning!.metadata!.request_schema!);
+    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect"]);
+    expect(request.additionalProperties).toBe(false);
+    const answer = JSON.parse(endpoints.provisioning!.metadata!.response_schema!);
+    expect(answer.required).toEqual(["what", "entries", "outOfShape"]);
+    const status = JSON.parse(endpoints.status!.metadata!.response_schema!);
+    expect(Object.keys(status.properties)).toEqual(["well", "failing", "outOfShape", "omitted", "registry", "rejectedEvents"]);
+    expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
+  });
+});
