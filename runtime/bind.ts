@@ -8,6 +8,9 @@ import type { Host, Outcome } from "./host.ts";
 import { jsonOf } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
 
+/** How long stopping waits for the requests in hand to be answered, in milliseconds. */
+export const STOP_GRACE_MS = 10_000;
+
 /** A bound trigger set; `stop` unbinds it. */
 export interface Binding {
   stop(): Promise<void>;
@@ -68,6 +71,7 @@ function refuse(msg: ServiceMsg, code: number, message: string): void {
  * Binds every `{ subject }` trigger as an endpoint of one NATS service named after the seat,
  * in the queue group of the seat, so replicas share requests. Answers are the handler's value
  * as JSON; refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body.
+ * Stopping takes no new request and answers those in hand, for at most {@link STOP_GRACE_MS}.
  */
 export async function bindSubjects(
   host: Host,
@@ -81,6 +85,7 @@ export async function bindSubjects(
     version,
     queue: host.config.seat,
   });
+  const inFlight = new Set<Promise<void>>();
   for (const { fn, trigger, i } of endpoints) {
     const answer = async (msg: ServiceMsg) => {
       const payload = parsePayload(msg.data);
@@ -106,11 +111,24 @@ export async function bindSubjects(
         if (!msg.reply?.startsWith("_INBOX.")) {
           return host.log.warn({ function: fn.name, subject: msg.subject, reply: msg.reply?.slice(0, 200) }, "request not answered: its reply subject is not an inbox");
         }
-        answer(msg).catch((e: unknown) => host.log.error({ function: fn.name, err: e }, "request not answered"));
+        const answering: Promise<void> = answer(msg)
+          .catch((e: unknown) => host.log.error({ function: fn.name, err: e }, "request not answered"))
+          .finally(() => inFlight.delete(answering));
+        inFlight.add(answering);
       },
     });
   }
-  return { stop: async () => void (await service.stop()) };
+  return {
+    // No new requests; those in hand are answered, for at most STOP_GRACE_MS.
+    stop: async () => {
+      await service.stop();
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise((resolve) => (timer = setTimeout(resolve, STOP_GRACE_MS)));
+      await Promise.race([Promise.allSettled(inFlight), grace]);
+      clearTimeout(timer);
+      if (inFlight.size > 0) host.log.warn({ unanswered: inFlight.size }, "stopped with requests still in hand");
+    },
+  };
 }
 
 /**

@@ -236,6 +236,28 @@ export default defineFunction({
     for (let i = 1; i < runs.length; i++) expect(runs[i]!.start).toBeGreaterThanOrEqual(runs[i - 1]!.end);
   });
 
+  it("answers a request in hand when it stops", async () => {
+    const dir = functionsFolder({
+      "slow.ts": `${header}
+export default defineFunction({
+  description: "Answers after a while.",
+  triggers: [{ subject: "probe.slow" }],
+  handler: async () => {
+    await new Promise((r) => setTimeout(r, 800));
+    return { late: true };
+  },
+});
+`,
+    });
+    const set = await start({ config: configFor(dir) });
+    const asked = request(seat, "probe.slow", {});
+    await new Promise((r) => setTimeout(r, 200));
+    const stopped = set.stop();
+    expect((await asked).body).toEqual({ late: true });
+    await stopped;
+    await expect(seat.request("probe.slow", "{}", { timeout: 1000 })).rejects.toThrow(/503|no responders/i);
+  });
+
   it("runs each scheduled time once across two replicas of the set", async () => {
     const dir = functionsFolder({
       "twice.ts": `${header}
