@@ -18,6 +18,8 @@ export interface EmbeddedOptions {
   readonly users: readonly AuthorizedUser[];
   /** The server's `max_payload` in bytes (nats-server's default is 1 MiB). */
   readonly maxPayload?: number;
+  /** The loopback port to listen on; a free one when absent. */
+  readonly port?: number;
 }
 
 /** The embedded server, with the credentials of its users. */
@@ -105,7 +107,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
       users: options.users.map(({ user, permissions }) => ({ user, password: passwords[user], permissions })),
     },
   };
-  const server = await spawnNatsServer({ conf, confFile: join(stateDir, "nats-server.conf") });
+  const server = await spawnNatsServer({ conf, confFile: join(stateDir, "nats-server.conf"), port: options.port });
   const marker: Marker = { url: server.url, pid: server.pid, owner: process.pid };
   writeFileSync(markerFile, JSON.stringify(marker), { mode: 0o600 });
   const credentials = (user: string): Credentials => ({ user, password: passwords[user]! });

@@ -15,6 +15,7 @@ import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */
 export interface TestBus {
+  /** The running server (another one after {@link TestBus.restart}). */
   readonly server: EmbeddedServer;
   readonly url: string;
   /** `config` pointed at this server as the seat, with HTTP on a free port. */
@@ -23,6 +24,8 @@ export interface TestBus {
   connect(user?: string): Promise<NatsConnection>;
   /** A bucket of the config (by its config name) opened as the seat or another user, never created. */
   kv(bucket: string, user?: string): Promise<KV>;
+  /** Kills the server (SIGKILL) and starts it again on the same port and store. */
+  restart(): Promise<void>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -54,11 +57,12 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     nodes: options.nodes ?? config.embedded.nodes,
     providers: options.providers ?? config.embedded.providers,
   });
-  const server = await startEmbedded({
+  const embedded = {
     stateDir: dir,
     users: options.seatPermissions ? [{ ...users[0]!, permissions: options.seatPermissions }, ...users.slice(1)] : users,
     maxPayload: options.maxPayload,
-  });
+  };
+  let server = await startEmbedded(embedded);
   const opened: NatsConnection[] = [];
   const credentials = (user?: string): Credentials => {
     const found = user === undefined ? server.seat : server.users[user];
@@ -72,7 +76,9 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     return nc;
   };
   return {
-    server,
+    get server() {
+      return server;
+    },
     url: server.url,
     config: {
       ...config,
@@ -83,6 +89,11 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     kv: async (bucket, user) => {
       const name = config.buckets[bucket]?.bucket ?? bucket;
       return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
+    },
+    restart: async () => {
+      process.kill(server.pid, "SIGKILL");
+      await server.stop();
+      server = await startEmbedded({ ...embedded, port: server.port });
     },
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));
