@@ -189,13 +189,15 @@ async function httpInput(c: HonoContext): Promise<Outcome> {
 /**
  * One Hono app with a route per `{ http: "METHOD /path" }` trigger. Answers are JSON; a refusal
  * has the status of its code and the body of SPEC §4; an unknown route is a JSON 404. Besides,
- * `GET /healthz` answers 200 while the process runs, and `GET /readyz` 200 `{ ready: true }`,
- * or 503 `{ ready: false, reasons }` with what `readiness` says is missing.
+ * `GET /healthz` answers 200 while the process runs, `GET /readyz` 200 `{ ready: true }`,
+ * or 503 `{ ready: false, reasons }` with what `readiness` says is missing, and `GET /metrics`
+ * the runtime's metrics in Prometheus's text format.
  */
 export function httpApp(host: Host, functions: readonly LoadedFunction[], readiness: () => string[] = () => []): Hono {
   const app = new Hono();
   // The runtime's own: the process is up; the set is ready, or why not.
   app.get("/healthz", (c) => c.json({ ok: true }));
+  app.get("/metrics", async (c) => c.body(await host.metrics.registry.metrics(), 200, { "content-type": host.metrics.registry.contentType }));
   app.get("/readyz", (c) => {
     const notReady = readiness();
     return notReady.length === 0 ? c.json({ ready: true }) : c.json({ ready: false, reasons: notReady }, 503);

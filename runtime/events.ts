@@ -104,6 +104,7 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
   if (outcome.error.code >= 500) return "failed";
   const reason = outcome.error.message;
   host.log.warn({ function: fn.name, subject: trigger.subject, sequence: trigger.sequence, reason }, "event refused");
+  host.metrics.refused.inc({ function: fn.name });
   try {
     await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() });
     return "refused";

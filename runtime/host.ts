@@ -9,6 +9,7 @@ import type { LoadedFunction } from "./loader.ts";
 import { CLAIM_DAYS, claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
 import { openView, type LiveView, type ViewBucket } from "./views.ts";
+import { createMetrics, type Metrics } from "./metrics.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
 export type Outcome =
@@ -25,6 +26,8 @@ export interface Host {
   readonly log: Logger;
   /** The runtime's records (SPEC §6): scheduled runs and refused events. */
   readonly records: Recorder;
+  /** The runtime's Prometheus metrics: runs, errors and durations by function and trigger. */
+  readonly metrics: Metrics;
   /** The `ctx` a function gets for one run: only the buckets it declared. */
   context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
   /**
@@ -198,7 +201,18 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
 
   const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => ({ ...prepared(fn), trigger });
 
+  const metrics = createMetrics();
   const run = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
+    const labels = { function: fn.name, trigger: trigger.kind };
+    const done = metrics.seconds.startTimer(labels);
+    metrics.runs.inc(labels);
+    const outcome = await runOnce(fn, raw, trigger);
+    done();
+    if (!outcome.ok) metrics.errors.inc({ ...labels, code: String(outcome.error.code) });
+    return outcome;
+  };
+
+  const runOnce = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
     const ctx = context(fn, trigger);
     const input = fn.input.safeParse(raw);
     if (!input.success) {
@@ -224,7 +238,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     for (const view of views.values()) view.stop();
   };
 
-  return { nc, config, log, records, context, run, close };
+  return { nc, config, log, records, metrics, context, run, close };
 }
 
 /**

@@ -9,8 +9,8 @@ import { formatIssues } from "./errors.ts";
 
 /** A function file that passed its checks: its name is the file name without `.ts`. */
 
-/** HTTP paths the runtime answers itself: health and readiness. */
-export const RUNTIME_PATHS = ["/healthz", "/readyz"];
+/** HTTP paths the runtime answers itself: health, readiness and metrics. */
+export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
 
 export interface LoadedFunction {
   readonly name: string;

@@ -7,6 +7,7 @@ import type { Config } from "./config.ts";
 import { bindEvents } from "./events.ts";
 import type { Clock, Trigger } from "./define.ts";
 import { openHost, type Host } from "./host.ts";
+import type { Metrics } from "./metrics.ts";
 import { loadFunctions, type LoadedFunction } from "./loader.ts";
 import { createLogger } from "./log.ts";
 import { openSession, type Session } from "./session.ts";
@@ -87,14 +88,25 @@ export async function start(options: StartOptions): Promise<Running> {
     ...(connected ? [] : ["not connected to NATS: reconnecting"]),
     ...failedAtStart.map((name) => `${name}: its run at start failed`),
   ];
-  void (async () => {
-    for await (const status of session.nc.status()) {
-      if (status.type === "disconnect") connected = false;
-      if (status.type === "reconnect") connected = true;
-    }
-  })();
+  const watchConnection = (metrics: Metrics) => {
+    metrics.connected.set(1);
+    void (async () => {
+      for await (const status of session.nc.status()) {
+        if (status.type === "disconnect") {
+          connected = false;
+          metrics.connected.set(0);
+        }
+        if (status.type === "reconnect") {
+          connected = true;
+          metrics.connected.set(1);
+          metrics.reconnects.inc();
+        }
+      }
+    })();
+  };
   try {
     host = await openHost({ nc: session.nc, config, log, clock: options.clock, functions });
+    watchConnection(host.metrics);
     bindings.push(await bindSubjects(host, functions, versionOf(config)));
     http = await listen(httpApp(host, functions, readiness), config.http.host, config.http.port);
     bindings.push(await bindEvents(host, functions));

@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { startSet, testBus, until } from "./helpers.ts";
+import { VERB } from "../functions/_lib/provisioning.ts";
+import { request, startSet, testBus, until } from "./helpers.ts";
 
 let bus: TestBus;
 let set: Running;
@@ -19,6 +20,28 @@ const get = async (path: string) => {
   const response = await fetch(`${set.httpUrl}${path}`);
   return { status: response.status, body: await response.json() };
 };
+
+describe("metrics", () => {
+  it("count runs, refusals and durations per function and trigger, and say NATS is connected", async () => {
+    const asker = await bus.connect("birch");
+    for (let i = 0; i < 3; i++) await request(asker, VERB, { what: "registry" });
+    for (let i = 0; i < 2; i++) await request(asker, VERB, { what: "nope" });
+    const response = await fetch(`${set.httpUrl}/metrics`);
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-type")).toMatch(/^text\/plain; version=0\.0\.4/);
+    const text = await response.text();
+    // Prometheus text: comment lines, and `name{labels} value` samples.
+    for (const line of text.trim().split("\n").filter((l) => l !== "")) expect(line).toMatch(/^(# (HELP|TYPE) \S+ .+|[a-z_]+(\{[^}]*\})? [0-9.e+-]+|[a-z_]+(\{[^}]*\})? \+Inf)$/);
+    const sample = (name: string, labels: string) => Number(new RegExp(`^${name}\\{${labels}\\} (\\S+)$`, "m").exec(text)?.[1]);
+    const verb = 'function="provisioning",trigger="subject"';
+    expect(sample("function_runs_total", verb)).toBe(5);
+    expect(sample("function_run_errors_total", `${verb},code="400"`)).toBe(2);
+    expect(sample("function_run_seconds_count", verb)).toBe(5);
+    expect(sample("function_runs_total", 'function="registry-compile",trigger="start"')).toBe(1);
+    expect(text).toMatch(/^nats_connected 1$/m);
+    expect(text).toMatch(/^nats_reconnects_total 0$/m);
+  });
+});
 
 describe("health and readiness", () => {
   it("says the process is up, and the set ready once started; not ready while NATS is gone", async () => {

@@ -320,7 +320,7 @@ describe("what a function may declare", () => {
       `${f("nearly-everything.ts")}: not a valid function: triggers.0.event: ${ONLY_WILDCARDS}; triggers.1.event: ${ONLY_WILDCARDS}`,
       `${f("purge.ts")}: not a valid function: triggers.0.subject: ${RESERVED}`,
       `${f("wide.ts")}: not a valid function: access.publishes.0: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.1: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.2: ${RESERVED}`,
-      `${f("health.ts")}: triggers.0.http: /readyz is the runtime's own (/healthz, /readyz)`,
+      `${f("health.ts")}: triggers.0.http: /readyz is the runtime's own (/healthz, /readyz, /metrics)`,
       `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (SPEC §2), never by the seat`,
     ]);
   });
