@@ -2,6 +2,7 @@ import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { connect } from "nats";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
@@ -179,6 +180,57 @@ describe("the embedded default, end to end", () => {
     expect(await started.exited).toBe(0);
     expect(alive(marker.owner)).toBe(false);
     expect(alive(marker.pid)).toBe(false);
+  });
+
+  it("answers a slow request in hand when sent SIGTERM, then exits 0 with its nats-server stopped", async () => {
+    mkdirSync(join(ROOT, ".tmp"), { recursive: true });
+    const dir = mkdtempSync(join(ROOT, ".tmp", "project-"));
+    dirs.push(dir);
+    mkdirSync(join(dir, "functions"));
+    writeFileSync(
+      join(dir, "functions", "slow.ts"),
+      `import { defineFunction } from ${JSON.stringify(join(ROOT, "runtime", "index.ts"))};
+export default defineFunction({
+  description: "Answers after 1.5 s.",
+  triggers: [{ subject: "probe.slow" }],
+  handler: async () => {
+    await new Promise((r) => setTimeout(r, 1500));
+    return { late: true };
+  },
+});
+`,
+    );
+    const config = join(dir, "wrangler-free.config.ts");
+    writeFileSync(
+      config,
+      `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
+        `const { registry: _, alerts: __, ...rest } = base as Record<string, unknown>;\n` +
+        `export default { ...rest, functions: "functions", state: "state" };\n`,
+    );
+    const child = spawn("node", [BIN, "-c", config, "start"], { env: cleanEnv(), cwd: ROOT });
+    children.push(child);
+    const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
+    let out = "";
+    await new Promise<void>((resolve, reject) => {
+      child.stdout!.on("data", (d) => {
+        out += d;
+        if (/\n  slow .*\n/.test(out)) resolve();
+      });
+      void exited.then((code) => reject(new Error(`start exited (${code}): ${out}`)));
+    });
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { url: string; pid: number };
+    const password = (JSON.parse(readFileSync(join(dir, "state", "users.json"), "utf8")) as Record<string, string>)["mesh-provisioner"];
+    const nc = await connect({ servers: marker.url, user: "mesh-provisioner", pass: password, inboxPrefix: "_INBOX.mesh-provisioner" });
+    try {
+      const asked = nc.request("probe.slow", "{}", { timeout: 10_000 });
+      await new Promise((r) => setTimeout(r, 300));
+      child.kill("SIGTERM");
+      expect((await asked).json()).toEqual({ late: true });
+      expect(await exited).toBe(0);
+      expect(alive(marker.pid)).toBe(false);
+    } finally {
+      await nc.close().catch(() => {});
+    }
   });
 
   it("refuses a second start on the same state folder, and cleans up after a killed one", async () => {
