@@ -40,6 +40,36 @@ export function parsePayload(data: Uint8Array): Outcome {
   }
 }
 
+/** What a run adds to its endpoint's `$SRV.STATS`. */
+interface EndpointStats {
+  /** A run took `ms` (the whole handler, awaits included); `error` when it was refused or failed. */
+  ran(ms: number, error?: string): void;
+}
+
+/**
+ * The `$SRV.STATS` of endpoint `name`, completed with what nats.js cannot see: it times only the
+ * synchronous part of a handler and counts only errors thrown there, while ours answer later and
+ * refuse by replying. Reaches into the counters of nats.js 2.x's service (`handlers[].stats`);
+ * `undefined` when they are not there.
+ */
+function endpointStats(service: Service, name: string): EndpointStats | undefined {
+  const handlers = (service as unknown as { handlers?: { name: string; stats?: Record<string, unknown> }[] }).handlers;
+  const counters = handlers?.find((h) => h.name === name)?.stats as
+    | { processing_time: number; average_processing_time: number; num_requests: number; num_errors: number; last_error?: string }
+    | undefined;
+  if (counters === undefined || typeof counters.processing_time !== "number" || typeof counters.num_errors !== "number") return undefined;
+  return {
+    ran(ms, error) {
+      counters.processing_time += Math.round(ms * 1e6);
+      counters.average_processing_time = Math.round(counters.processing_time / Math.max(1, counters.num_requests));
+      if (error !== undefined) {
+        counters.num_errors++;
+        counters.last_error = error;
+      }
+    },
+  };
+}
+
 /** A schema as JSON Schema text (what it accepts, or what it gives); what JSON Schema cannot say is left open. */
 function jsonSchemaOf(schema: z.ZodType, io: "input" | "output"): string | undefined {
   try {
@@ -87,11 +117,15 @@ export async function bindSubjects(
   });
   const inFlight = new Set<Promise<void>>();
   for (const { fn, trigger, i } of endpoints) {
+    const name = i === 0 ? fn.name : `${fn.name}-${i + 1}`;
+    let stats: EndpointStats | undefined;
     const answer = async (msg: ServiceMsg) => {
+      const began = performance.now();
       const payload = parsePayload(msg.data);
       const outcome = payload.ok
         ? await host.run(fn, payload.value, { kind: "subject", subject: msg.subject })
         : payload;
+      stats?.ran(performance.now() - began, outcome.ok ? undefined : outcome.error.message);
       if (!outcome.ok) return refuse(msg, outcome.error.code, outcome.error.message);
       const body = encoder.encode(jsonOf(outcome.value));
       try {
@@ -101,7 +135,7 @@ export async function bindSubjects(
         refuse(msg, 500, `the answer (${body.length} bytes) could not be sent: ${(err as Error).message}`);
       }
     };
-    service.addEndpoint(i === 0 ? fn.name : `${fn.name}-${i + 1}`, {
+    service.addEndpoint(name, {
       subject: trigger.subject,
       metadata: endpointMetadata(fn),
       handler: (err, msg) => {
@@ -117,6 +151,8 @@ export async function bindSubjects(
         inFlight.add(answering);
       },
     });
+    stats = endpointStats(service, name);
+    if (stats === undefined) host.log.warn({ endpoint: name }, "$SRV.STATS will count only what nats.js sees of this endpoint");
   }
   return {
     // No new requests; those in hand are answered, for at most STOP_GRACE_MS.

@@ -1,8 +1,9 @@
-import type { NatsConnection, ServiceInfo } from "nats";
+import type { NatsConnection, ServiceInfo, ServiceStats } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { startSet, testBus } from "./helpers.ts";
+import { VERB } from "../functions/_lib/provisioning.ts";
+import { request, startSet, testBus } from "./helpers.ts";
 
 let bus: TestBus;
 let set: Running;
@@ -35,5 +36,18 @@ describe("the NATS service", () => {
     const status = JSON.parse(endpoints.status!.metadata!.response_schema!);
     expect(Object.keys(status.properties)).toEqual(["well", "failing", "outOfShape", "omitted", "registry", "rejectedEvents"]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
+  });
+
+  it("counts in $SRV.STATS every request, refusals as errors, and the whole time of each", async () => {
+    const asker = await bus.connect("birch");
+    for (let i = 0; i < 3; i++) await request(asker, VERB, { what: "registry" });
+    for (let i = 0; i < 2; i++) expect((await request(asker, VERB, { what: "nope" })).errorCode).toBe(400);
+    const all: ServiceStats[] = [];
+    for await (const stats of await operator.services.client().stats("mesh-provisioner")) all.push(stats);
+    const verb = all[0]!.endpoints!.find((e) => e.name === "provisioning")!;
+    expect([verb.num_requests, verb.num_errors]).toEqual([5, 2]);
+    expect(verb.last_error).toMatch(/^what: /);
+    expect(verb.processing_time).toBeGreaterThan(0);
+    expect(verb.average_processing_time).toBe(Math.round(verb.processing_time / 5));
   });
 });
