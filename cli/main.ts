@@ -40,16 +40,18 @@ program
           process.exit(1);
         },
       );
+    const log = createLogger();
     const onSignal = (signal: NodeJS.Signals) => {
       if (stopping) process.exit(130); // a second signal: at once (the exit hook kills the child)
       stopping = true;
-      console.log(`${signal}: stopping`);
+      log.info({ signal }, "signal: stopping");
       if (running !== undefined) void shutdown(running);
     };
     for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
-    running = await start({ config: await config() });
+    running = await start({ config: await config(), log });
     if (stopping) return void shutdown(running);
-    console.log(describe(running).join("\n"));
+    // stdout carries only log lines; the banner is for whoever watches the terminal.
+    console.error(describe(running).join("\n"));
   });
 
 const positive = (text: string) => {

@@ -8,8 +8,16 @@ export default defineFunction({
   triggers: [{ cron: "0 * * * *", onStart: true }],
   config: z.object({ registry: registryTable }),
   access: { writes: ["registry"] },
+  metrics: {
+    registry_compiles_total: { type: "counter", help: "Registry compiles done" },
+    registry_kinds_written_total: { type: "counter", help: "Kinds written to the registry bucket by compiles" },
+    registry_kinds_deleted_total: { type: "counter", help: "Kinds deleted from the registry bucket by compiles" },
+  },
   handler: async (_input, ctx) => {
     const result = await compileRegistry(ctx.config.registry, ctx.buckets.registry);
+    ctx.metrics.registry_compiles_total.inc();
+    ctx.metrics.registry_kinds_written_total.inc(result.written.length);
+    ctx.metrics.registry_kinds_deleted_total.inc(result.deleted.length);
     ctx.log.info({ written: result.written, deleted: result.deleted, unchanged: result.unchanged }, "registry compiled");
     return result;
   },

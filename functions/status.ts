@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/failing.ts";
+import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/failing.ts";
 
 /** SPEC §5: whether the mesh is well, naming every failing provider until it recovers. */
 export default defineFunction({
@@ -8,5 +8,8 @@ export default defineFunction({
   input: statusRequest,
   output: statusAnswer,
   access: { views: ["failing", "registry"] },
+  metrics: {
+    failing_triples: { type: "gauge", help: "Failing triples (provider, machine, consumer) in the failing bucket", collect: (ctx) => countFailing(ctx.views.failing.local) },
+  },
   handler: (request, ctx) => readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload),
 });

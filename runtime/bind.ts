@@ -204,7 +204,7 @@ export async function bindCron(host: Host, functions: readonly LoadedFunction[])
 
 async function report(host: Host, fn: LoadedFunction, trigger: "cron" | "start", outcome: Outcome): Promise<void> {
   if (!outcome.ok) return;
-  host.log[trigger === "start" ? "info" : "debug"]({ function: fn.name, trigger, result: outcome.value }, "scheduled run done");
+  host.log.debug({ function: fn.name, trigger: { kind: trigger }, result: outcome.value }, "scheduled run done");
   await host.records
     .ran(fn.name, { at: new Date(), trigger })
     .catch((err: unknown) => host.log.warn({ function: fn.name, err }, "scheduled run not recorded"));

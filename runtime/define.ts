@@ -39,15 +39,59 @@ export type TriggerInfo =
   | { readonly kind: "http"; readonly method: string; readonly path: string }
   | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
   | { readonly kind: "start" }
-  | { readonly kind: "invoke" };
+  | { readonly kind: "invoke" }
+  /** A gauge's `collect`, when `GET /metrics` is scraped. */
+  | { readonly kind: "scrape" };
 
 /** The clock a function reads time from; tests may hand in their own. */
 export interface Clock {
   now(): Date;
 }
 
+/** Label values of one sample, by label name; only the labels the metric declared. */
+export type Labels = Readonly<Record<string, string | number>>;
+
+/** A counter a function declared: it only goes up. */
+export interface CounterMetric {
+  /** Adds `value` (default 1, never negative) to the sample of `labels`. */
+  inc(value?: number, labels?: Labels): void;
+}
+
+/** A gauge a function declared: a value that goes up and down. */
+export interface GaugeMetric {
+  set(value: number, labels?: Labels): void;
+  inc(value?: number, labels?: Labels): void;
+  dec(value?: number, labels?: Labels): void;
+}
+
+/**
+ * A metric a function declares, served on `GET /metrics` beside the runtime's: a Prometheus
+ * name (`[a-zA-Z_:][a-zA-Z0-9_:]*`, once in the whole set), its help text and label names. A
+ * gauge's `collect` is called at every scrape (trigger `scrape`, same `ctx` as the handler) and
+ * the gauge is then its answer; a throw keeps the previous value and logs a warning.
+ */
+export type MetricDeclaration<Ctx = never> =
+  | { readonly type: "counter"; readonly help: string; readonly labels?: readonly string[] }
+  | {
+      readonly type: "gauge";
+      readonly help: string;
+      readonly labels?: readonly string[];
+      readonly collect?: (ctx: Ctx) => number | Promise<number>;
+    };
+
+/** The handle `ctx.metrics` holds for each declared metric, by the metric's type. */
+export type MetricHandles<Declared> = {
+  readonly [M in keyof Declared]: Declared[M] extends "counter" ? CounterMetric : GaugeMetric;
+};
+
 /** Everything a handler gets besides its input: only what its definition declared. */
-export interface Context<Reads extends string = never, Writes extends string = never, Config = unknown, Views extends string = never> {
+export interface Context<
+  Reads extends string = never,
+  Writes extends string = never,
+  Config = unknown,
+  Views extends string = never,
+  Declared extends Record<string, "counter" | "gauge"> = {},
+> {
   /** The function's name: its file name without `.ts`. */
   readonly function: string;
   readonly trigger: TriggerInfo;
@@ -59,6 +103,8 @@ export interface Context<Reads extends string = never, Writes extends string = n
    * before the read is in it) at a cost that follows the answer, not the bucket.
    */
   readonly views: { readonly [B in Views]: ViewBucket };
+  /** A handle per metric of the definition's `metrics`. */
+  readonly metrics: MetricHandles<Declared>;
   readonly log: Logger;
   /** The part of the deployment's config the function's `config` schema asked for, parsed. */
   readonly config: Config;
@@ -102,6 +148,7 @@ export interface FunctionDefinition<
   Config extends z.ZodObject = z.ZodObject,
   Output = unknown,
   Views extends string = string,
+  Declared extends Record<string, "counter" | "gauge"> = {},
 > {
   /** One sentence: what the function does. Printed at start. */
   readonly description: string;
@@ -127,9 +174,13 @@ export interface FunctionDefinition<
     readonly views?: readonly Views[];
     readonly publishes?: readonly string[];
   };
+  /** Metrics of the function's own, by name: `ctx.metrics.<name>` in the handler. */
+  readonly metrics?: {
+    readonly [M in keyof Declared]: MetricDeclaration<Context<Reads, Writes, z.output<Config>, Views, Declared>> & { readonly type: Declared[M] };
+  };
   readonly handler: (
     input: z.output<Input>,
-    ctx: Context<Reads, Writes, z.output<Config>, Views>,
+    ctx: Context<Reads, Writes, z.output<Config>, Views, Declared>,
   ) => Output | Promise<Output>;
 }
 
@@ -144,9 +195,10 @@ export function defineFunction<
   Config extends z.ZodObject = z.ZodObject<{}>,
   Output = unknown,
   const Views extends string = never,
+  const Declared extends Record<string, "counter" | "gauge"> = {},
 >(
-  definition: FunctionDefinition<Reads, Writes, Input, Config, Output, Views>,
-): FunctionDefinition<Reads, Writes, Input, Config, Output, Views> {
+  definition: FunctionDefinition<Reads, Writes, Input, Config, Output, Views, Declared>,
+): FunctionDefinition<Reads, Writes, Input, Config, Output, Views, Declared> {
   return definition;
 }
 
@@ -202,6 +254,22 @@ const httpTrigger = z.strictObject({
     ),
 });
 
+const labelNames = z
+  .array(z.string().regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, "must be a Prometheus label name").refine((l) => !l.startsWith("__"), "must not start with __ (Prometheus's own)"))
+  .readonly()
+  .optional();
+const metricDeclaration = z.discriminatedUnion("type", [
+  z.strictObject({ type: z.literal("counter"), help: z.string().min(1), labels: labelNames }),
+  z.strictObject({
+    type: z.literal("gauge"),
+    help: z.string().min(1),
+    labels: labelNames,
+    collect: z.custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (ctx) => number").optional(),
+  }).refine((gauge) => gauge.collect === undefined || (gauge.labels ?? []).length === 0, { message: "a gauge with collect has no labels (collect gives one value)", path: ["labels"] }),
+]);
+/** A Prometheus metric name. */
+export const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
+
 /** How the loader checks a default export before binding it (SPEC §6). */
 export const definitionSchema = z.strictObject({
   description: z.string().min(1, "must say what the function does"),
@@ -238,6 +306,9 @@ export const definitionSchema = z.strictObject({
         .readonly()
         .optional(),
     })
+    .optional(),
+  metrics: z
+    .record(z.string().regex(METRIC_NAME, "must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit"), metricDeclaration)
     .optional(),
   handler: z.custom<(...args: unknown[]) => unknown>(
     (value) => typeof value === "function",

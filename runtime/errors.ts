@@ -35,7 +35,8 @@ export function errorBody(code: number, message: string): string {
 
 /**
  * Says a zod error in one line a caller can act on: each problem as `<field path>: <message>`,
- * joined by `; `. An unknown key is said as `<key>: unknown field`; a problem with the whole
+ * joined by `; `. An unknown key is said as `<key>: unknown field`, a refused record key by its
+ * schema's message; a problem with the whole
  * value is said without a path.
  */
 export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
@@ -47,6 +48,10 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
       const at = issue.path.map(name);
       if (issue.code === "unrecognized_keys") {
         return issue.keys.map((key) => `${[...at, name(key)].join(".")}: unknown field`);
+      }
+      if (issue.code === "invalid_key") {
+        // A record's key refused by its schema: say that schema's own words.
+        return [`${at.join(".")}: ${issue.issues.map((inner) => inner.message).join("; ")}`];
       }
       return [at.length > 0 ? `${at.join(".")}: ${issue.message}` : issue.message];
     })

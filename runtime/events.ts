@@ -103,7 +103,8 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
   if (outcome.ok) return "done";
   if (outcome.error.code >= 500) return "failed";
   const reason = outcome.error.message;
-  host.log.warn({ function: fn.name, subject: trigger.subject, sequence: trigger.sequence, reason }, "event refused");
+  // A payload the function saw was logged by the run; one that is not JSON is logged here.
+  if (!payload.ok) host.log.warn({ function: fn.name, trigger, code: 400, refused: reason }, "event refused: not JSON");
   host.metrics.refused.inc({ function: fn.name });
   try {
     await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() });

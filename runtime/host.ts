@@ -2,14 +2,14 @@ import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsC
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { BucketConfig, Config } from "./config.ts";
-import type { Clock, Context, TriggerInfo } from "./define.ts";
+import type { Clock, Context, MetricDeclaration, TriggerInfo } from "./define.ts";
 import { AccessError, formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import { JsonText } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { CLAIM_DAYS, claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
 import { openView, type LiveView, type ViewBucket } from "./views.ts";
-import { createMetrics, type Metrics } from "./metrics.ts";
+import { createMetrics, declareMetric, type Metrics } from "./metrics.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */
 export type Outcome =
@@ -17,7 +17,7 @@ export type Outcome =
   | { readonly ok: false; readonly error: { readonly code: number; readonly message: string } };
 
 /** The context of a function seen from the runtime, whatever buckets and config it declared. */
-export type AnyContext = Context<string, string, unknown, string>;
+export type AnyContext = Context<string, string, unknown, string, Record<string, "counter" | "gauge">>;
 
 /** What every binding shares: the connection, the opened buckets, and how a function runs. */
 export interface Host {
@@ -162,6 +162,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
   const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
+  const metrics = createMetrics();
 
   const prepared = (fn: LoadedFunction): Shared => {
     let shared = perFunction.get(fn);
@@ -177,11 +178,18 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
       live[name] = { ...readOnly(fn.name, view), local: readOnly(fn.name, view.local) };
     }
     const publishes = access?.publishes ?? [];
+    const fnLog = log.child({ function: fn.name });
+    const declared: Record<string, ReturnType<typeof declareMetric>> = {};
+    for (const [name, declaration] of Object.entries(fn.definition.metrics ?? {}) as [string, MetricDeclaration<AnyContext>][]) {
+      const collect = declaration.type === "gauge" ? declaration.collect : undefined;
+      declared[name] = declareMetric(metrics.registry, name, declaration as MetricDeclaration<unknown>, collect && (async () => collect(context(fn, { kind: "scrape" }))), fnLog);
+    }
     shared = {
       function: fn.name,
       buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets), "buckets") as AnyContext["buckets"],
       views: guarded(fn.name, Object.freeze(live), Object.keys(config.buckets), "views"),
-      log: log.child({ function: fn.name }),
+      metrics: Object.freeze(declared) as AnyContext["metrics"],
+      log: fnLog,
       config: schema === undefined ? {} : schema.parse(config),
       clock,
       limits,
@@ -199,9 +207,21 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     return shared;
   };
 
-  const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => ({ ...prepared(fn), trigger });
+  // `ctx.log` names the trigger too; the child logger is made only when a run logs.
+  const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => {
+    const shared = prepared(fn);
+    let runLog: Logger | undefined;
+    return {
+      ...shared,
+      trigger,
+      get log() {
+        return (runLog ??= shared.log.child({ trigger }));
+      },
+    };
+  };
+  // Every function's metrics are on `GET /metrics` from the start, before its first run.
+  for (const fn of functions) prepared(fn);
 
-  const metrics = createMetrics();
   const run = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
     const labels = { function: fn.name, trigger: trigger.kind };
     const done = metrics.seconds.startTimer(labels);
@@ -215,9 +235,11 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
   const runOnce = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
     const ctx = context(fn, trigger);
     const input = fn.input.safeParse(raw);
+    // A refused request was answered; a refused event is kept nowhere but in the records.
+    const level = trigger.kind === "event" ? "warn" : "info";
     if (!input.success) {
       const message = refusalMessage(formatIssues(input.error.issues));
-      ctx.log.info({ trigger, refused: message }, "refused bad input");
+      ctx.log[level]({ code: 400, refused: message }, "refused bad input");
       return { ok: false, error: { code: 400, message } };
     }
     try {
@@ -226,10 +248,10 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     } catch (err) {
       if (err instanceof ServiceError) {
         const message = refusalMessage(err.message);
-        ctx.log.info({ trigger, code: err.code, refused: message }, "refused");
+        ctx.log[level]({ code: err.code, refused: message }, "refused");
         return { ok: false, error: { code: err.code, message } };
       }
-      ctx.log.error({ trigger, err }, "handler failed");
+      ctx.log.error({ err }, "handler failed");
       return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
     }
   };

@@ -6,6 +6,7 @@ import { z } from "zod";
 import { configPath, configSchema, type Config } from "./config.ts";
 import { definitionSchema, type FunctionDefinition, type Trigger } from "./define.ts";
 import { formatIssues } from "./errors.ts";
+import { isRuntimeMetric } from "./metrics.ts";
 
 /** A function file that passed its checks: its name is the file name without `.ts`. */
 
@@ -91,8 +92,8 @@ function bindingOf(trigger: Trigger): string | undefined {
 }
 
 /**
- * Checks a loaded function set against itself and the config: no subject or route bound
- * twice (both files named), streams of event triggers exist in `config.streams`, buckets in
+ * Checks a loaded function set against itself and the config: no subject, route or metric
+ * taken twice (both files named), no metric named as the runtime's, streams of event triggers exist in `config.streams`, buckets in
  * `access` exist in `config.buckets`, each function's
  * `config` schema accepts the config, and every config field is read by the runtime or a
  * function. Returns the problems, one sentence each; none means the set can start.
@@ -108,6 +109,16 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   }
   for (const [key, files] of bound) {
     if (files.length > 1) problems.push(`${key} is bound more than once: by ${files.join(" and ")}`);
+  }
+  const declared = new Map<string, string[]>();
+  for (const fn of functions) {
+    for (const name of Object.keys(fn.definition.metrics ?? {})) {
+      if (isRuntimeMetric(name)) problems.push(`${shown(fn.file)}: metrics.${name}: the runtime's own metric (or one of its samples)`);
+      else declared.set(name, [...(declared.get(name) ?? []), shown(fn.file)]);
+    }
+  }
+  for (const [name, files] of declared) {
+    if (files.length > 1) problems.push(`metric ${name} is declared more than once: by ${files.join(" and ")}`);
   }
 
   for (const fn of functions) {

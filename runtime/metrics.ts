@@ -1,4 +1,6 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { Logger } from "pino";
+import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration } from "./define.ts";
 
 /** The runtime's Prometheus metrics, in a registry of their own (served on `GET /metrics`). */
 export interface Metrics {
@@ -15,6 +17,62 @@ export interface Metrics {
   readonly connected: Gauge;
   /** `nats_reconnects_total`: reconnections since start. */
   readonly reconnects: Counter;
+}
+
+/** The names of the runtime's own metrics; a function's metric may not take one, nor extend one with `_`. */
+export const RUNTIME_METRICS = [
+  "function_runs_total",
+  "function_run_errors_total",
+  "function_run_seconds",
+  "events_refused_total",
+  "nats_connected",
+  "nats_reconnects_total",
+] as const;
+
+/** Whether a function's metric name is, or would be read as, one of {@link RUNTIME_METRICS}. */
+export function isRuntimeMetric(name: string): boolean {
+  return RUNTIME_METRICS.some((own) => name === own || name.startsWith(`${own}_`));
+}
+
+/**
+ * Registers one metric a function declared in `registry` and returns its handle. A gauge's
+ * `collect` runs at each scrape; when it throws or returns no finite number, the gauge keeps its
+ * value and `log` gets a warning naming the metric. Throws when the name is taken.
+ */
+export function declareMetric(
+  registry: Registry,
+  name: string,
+  declaration: MetricDeclaration<unknown>,
+  collect: (() => Promise<unknown>) | undefined,
+  log: Logger,
+): CounterMetric | GaugeMetric {
+  const common = { name, help: declaration.help, labelNames: [...(declaration.labels ?? [])], registers: [registry] };
+  if (declaration.type === "counter") {
+    const counter = new Counter(common);
+    return { inc: (value = 1, labels = {}) => counter.inc(labels as never, value) };
+  }
+  const gauge: Gauge = new Gauge({
+    ...common,
+    ...(collect === undefined
+      ? {}
+      : {
+          collect: async () => {
+            try {
+              const value = await collect();
+              if (typeof value !== "number" || !Number.isFinite(value)) throw new Error(`collect returned ${String(value)}, not a number`);
+              gauge.set(value);
+            } catch (err) {
+              log.warn({ metric: name, err }, "metric not collected; it keeps its last value");
+            }
+          },
+        }),
+  });
+  const labelled = (labels: Labels | undefined) => (labels ?? {}) as never;
+  return {
+    set: (value, labels) => gauge.set(labelled(labels), value),
+    inc: (value = 1, labels) => gauge.inc(labelled(labels), value),
+    dec: (value = 1, labels) => gauge.dec(labelled(labels), value),
+  };
 }
 
 /** A new set of the runtime's metrics. */

@@ -41,8 +41,9 @@ function readSecret(what: string, file: string): Buffer {
 
 /**
  * The nats.js options for the credentials of `config.nats` (SPEC §6): a creds file (JWT +
- * nkey), an nkey seed file, a user and password, or a token; and TLS files when set (a CA to
- * trust the server, a client certificate and key when the server asks for one). Throws naming
+ * nkey), an nkey seed file, a user and password, or a token, else those written in a server URL;
+ * and TLS files when set (a CA to trust the server, a client certificate and key when the
+ * server asks for one). Throws naming
  * the file it cannot read, or a secret file others may read.
  */
 export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptions> {
@@ -63,7 +64,30 @@ export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptio
   }
   if (nats.user) return { ...tls, user: nats.user, pass: nats.password ?? "" };
   if (nats.token) return { ...tls, token: nats.token };
-  return tls;
+  return { ...tls, ...urlCredentials(nats.servers) };
+}
+
+/**
+ * The credentials written in the first server URL that has some, as the nats CLI reads them:
+ * `nats://user:password@host` a user and password, `nats://token@host` a token (both
+ * percent-decoded). nats.js itself ignores them.
+ */
+function urlCredentials(servers: readonly string[]): Partial<ConnectionOptions> {
+  for (const server of servers) {
+    const userinfo = /^[a-z]+:\/\/([^/@]*)@/i.exec(server)?.[1];
+    if (userinfo === undefined || userinfo === "") continue;
+    const decoded = (text: string) => {
+      try {
+        return decodeURIComponent(text);
+      } catch {
+        return text; // not percent-encoded after all
+      }
+    };
+    const colon = userinfo.indexOf(":");
+    if (colon === -1) return { token: decoded(userinfo) };
+    return { user: decoded(userinfo.slice(0, colon)), pass: decoded(userinfo.slice(colon + 1)) };
+  }
+  return {};
 }
 
 function readable(what: string, file: string): string {
@@ -132,8 +156,9 @@ export async function openSession(config: Config, options: SessionOptions): Prom
   const name = options.name ?? config.seat;
   if (config.nats.servers.length > 0) {
     // Replies come to the user's own inbox; with creds, an nkey or a token, the seat's.
-    const inboxPrefix = inboxOf(config.nats.user ?? config.seat);
-    const nc = await connectTo(config.nats.servers, { name, inboxPrefix, ...credentialOptions(config.nats) });
+    const credentials = credentialOptions(config.nats);
+    const inboxPrefix = inboxOf(credentials.user ?? config.seat);
+    const nc = await connectTo(config.nats.servers, { name, inboxPrefix, ...credentials });
     return { nc, url: config.nats.servers.map(withoutPassword).join(","), close: () => nc.drain() };
   }
   const stateDir = configPath(config, config.state);

@@ -10,7 +10,7 @@ import { openHost, type Host } from "./host.ts";
 import type { Metrics } from "./metrics.ts";
 import { loadFunctions, type LoadedFunction } from "./loader.ts";
 import { createLogger } from "./log.ts";
-import { openSession, type Session } from "./session.ts";
+import { openSession, withoutPassword, type Session } from "./session.ts";
 
 export interface StartOptions {
   readonly config: Config;
@@ -74,10 +74,12 @@ export async function start(options: StartOptions): Promise<Running> {
   let stopping: Promise<void> | undefined;
   const stop = () =>
     (stopping ??= (async () => {
+      log.info("stopping");
       for (const binding of [...bindings].reverse()) await binding.stop();
       if (http !== undefined) await new Promise((resolve) => http!.close(resolve));
       host?.close();
       await session.close();
+      log.info("stopped");
     })());
   // What `GET /readyz` says is missing (empty: ready).
   let bound = false;
@@ -95,11 +97,13 @@ export async function start(options: StartOptions): Promise<Running> {
         if (status.type === "disconnect") {
           connected = false;
           metrics.connected.set(0);
+          log.warn({ server: withoutPassword(String(status.data)) }, "NATS disconnected; reconnecting");
         }
         if (status.type === "reconnect") {
           connected = true;
           metrics.connected.set(1);
           metrics.reconnects.inc();
+          log.info({ server: withoutPassword(String(status.data)) }, "NATS reconnected");
         }
       }
     })();
@@ -117,7 +121,7 @@ export async function start(options: StartOptions): Promise<Running> {
     await session.nc.flush();
     bound = true;
     const { port } = http.address() as { port: number };
-    return {
+    const running: Running = {
       natsUrl: session.url,
       httpUrl: `http://${config.http.host}:${port}`,
       embedded: session.embedded !== undefined,
@@ -126,6 +130,8 @@ export async function start(options: StartOptions): Promise<Running> {
       readyMs: Math.round(performance.now() - began),
       stop,
     };
+    log.info({ nats: running.natsUrl, http: running.httpUrl, readyMs: running.readyMs, functions: functions.map((fn) => fn.name) }, "started");
+    return running;
   } catch (err) {
     await stop().catch(() => {});
     throw err;

@@ -59,11 +59,12 @@ function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): 
   );
   let out = "";
   let err = "";
-  child.stderr!.on("data", (d) => (err += d));
+  child.stdout!.on("data", (d) => (out += d));
   return new Promise((resolve, reject) => {
-    child.stdout!.on("data", (d) => {
-      out += d;
-      if (/\n  status .*\n/.test(out)) resolve({ child, banner: out, exited }); // the banner's last function
+    // The banner goes to stderr: stdout holds only log lines.
+    child.stderr!.on("data", (d) => {
+      err += d;
+      if (/\n  status .*\n/.test(err)) resolve({ child, banner: err, exited }); // the banner's last function
     });
     void exited.then((code) => reject(new Error(`start exited (${code}): ${err}${out}`)));
   });
@@ -212,7 +213,7 @@ export default defineFunction({
     const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
     let out = "";
     await new Promise<void>((resolve, reject) => {
-      child.stdout!.on("data", (d) => {
+      child.stderr!.on("data", (d) => {
         out += d;
         if (/\n  slow .*\n/.test(out)) resolve();
       });

@@ -43,6 +43,31 @@ describe("metrics", () => {
   });
 });
 
+describe("the provisioner's own metrics", () => {
+  const scrape = async () => (await fetch(`${set.httpUrl}/metrics`)).text();
+  const sample = (text: string, name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1]);
+
+  it("count registry compiles and the kinds they wrote and deleted", async () => {
+    const text = await scrape();
+    // The compile at start, on an empty registry bucket: every kind of the table written.
+    expect(sample(text, "registry_compiles_total")).toBe(1);
+    expect(sample(text, "registry_kinds_written_total")).toBe(13);
+    expect(sample(text, "registry_kinds_deleted_total")).toBe(0);
+  });
+
+  it("gauge the failing triples the failing bucket holds, at each scrape", async () => {
+    expect(sample(await scrape(), "failing_triples")).toBe(0);
+    const postgres = (await bus.connect("postgres")).jetstream();
+    const at = new Date(Date.now() - 10_000).toISOString();
+    for (const consumer of ["gitea", "forgejo", "nextcloud"]) {
+      await postgres.publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch", consumer, word: "disk full", at }));
+    }
+    await until(async () => sample(await scrape(), "failing_triples") === 3, 10_000, "three failing triples");
+    await postgres.publish("postgres.provisioner.recovered", JSON.stringify({ machine: "birch", consumer: "gitea", at: new Date().toISOString() }));
+    await until(async () => sample(await scrape(), "failing_triples") === 2, 10_000, "two failing triples");
+  });
+});
+
 describe("health and readiness", () => {
   it("says the process is up, and the set ready once started; not ready while NATS is gone", async () => {
     expect(await get("/healthz")).toEqual({ status: 200, body: { ok: true } });

@@ -326,6 +326,79 @@ describe("what a function may declare", () => {
   });
 });
 
+describe("metrics a function declares", () => {
+  const scrape = async (httpUrl: string) => (await fetch(`${httpUrl}/metrics`)).text();
+  const sample = (text: string, name: string, labels = "") =>
+    Number(new RegExp(`^${name}${labels === "" ? "" : `\\{${labels}\\}`} (\\S+)$`, "m").exec(text)?.[1]);
+
+  it("serves a function's counters and gauges on GET /metrics, a gauge's collect read at each scrape", async () => {
+    const dir = functionsFolder({
+      "tally.ts": `${header}
+let scrapes = 0;
+export default defineFunction({
+  description: "Counts what it is told.",
+  triggers: [{ subject: "probe.tally" }],
+  input: z.object({ color: z.string(), by: z.number() }),
+  metrics: {
+    probe_tallied_total: { type: "counter", help: "Tallies", labels: ["color"] },
+    probe_level: { type: "gauge", help: "Level" },
+    probe_collected: { type: "gauge", help: "Read at each scrape", collect: () => { if (++scrapes === 3) throw new Error("no reading"); return scrapes * 10; } },
+  },
+  handler: (input, ctx) => {
+    ctx.metrics.probe_tallied_total.inc(input.by, { color: input.color });
+    ctx.metrics.probe_level.set(input.by);
+    return { ok: true };
+  },
+});
+`,
+    });
+    const set = await start({ config: configFor(dir), log: createLogger({ LOG_LEVEL: "silent" }) });
+    try {
+      const before = await scrape(set.httpUrl);
+      expect(before).toMatch(/^# HELP probe_tallied_total Tallies$/m);
+      expect(before).toMatch(/^# TYPE probe_level gauge$/m);
+      expect(sample(before, "probe_collected")).toBe(10);
+      await request(seat, "probe.tally", { color: "red", by: 2 });
+      await request(seat, "probe.tally", { color: "red", by: 3 });
+      await request(seat, "probe.tally", { color: "blue", by: 1 });
+      const after = await scrape(set.httpUrl);
+      expect(sample(after, "probe_tallied_total", 'color="red"')).toBe(5);
+      expect(sample(after, "probe_tallied_total", 'color="blue"')).toBe(1);
+      expect(sample(after, "probe_level")).toBe(1);
+      expect(sample(after, "probe_collected")).toBe(20);
+      // A collect that throws: the scrape still answers, and the gauge keeps its last value.
+      const failed = await fetch(`${set.httpUrl}/metrics`);
+      expect(failed.status).toBe(200);
+      expect(sample(await failed.text(), "probe_collected")).toBe(20);
+      expect(sample(await scrape(set.httpUrl), "probe_collected")).toBe(40);
+    } finally {
+      await set.stop();
+    }
+  });
+
+  it("refuses a metric declared twice, one named as the runtime's, and bad names or labels", async () => {
+    const fn = (name: string, metrics: string) =>
+      [name, `${header}export default defineFunction({ description: "x", triggers: [{ subject: "m.${name.slice(0, -3)}" }], metrics: ${metrics}, handler: () => 1 });\n`];
+    const dir = functionsFolder(
+      Object.fromEntries([
+        fn("one.ts", `{ probe_total: { type: "counter", help: "h" } }`),
+        fn("two.ts", `{ probe_total: { type: "gauge", help: "h" } }`),
+        fn("own.ts", `{ function_run_seconds_bucket: { type: "counter", help: "h" } }`),
+        fn("bad-name.ts", `{ "probe-total": { type: "counter", help: "h" } }`),
+        fn("bad-labels.ts", `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 } }`),
+      ]),
+    );
+    const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
+    const f = (name: string) => shown(join(dir, name));
+    expect((failure as LoadError).problems).toEqual([
+      `${f("bad-labels.ts")}: not a valid function: metrics.probe_a.labels.0: must not start with __ (Prometheus's own); metrics.probe_b.labels: a gauge with collect has no labels (collect gives one value)`,
+      `${f("bad-name.ts")}: not a valid function: metrics.probe-total: must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit`,
+      `${f("own.ts")}: metrics.function_run_seconds_bucket: the runtime's own metric (or one of its samples)`,
+      `metric probe_total is declared more than once: by ${f("one.ts")} and ${f("two.ts")}`,
+    ]);
+  });
+});
+
 describe("the config", () => {
   const FILE = join(ROOT, "wrangler-free.config.ts");
   const base = { seat: "s", buckets: { b: { bucket: "b", writtenBy: "seat" } } };

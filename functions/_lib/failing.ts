@@ -289,6 +289,11 @@ export function failingOf(entries: readonly { key: string; value: Uint8Array }[]
   return { failing: failing.sort(byTriple), outOfShape };
 }
 
+/** How many failing triples the failing bucket holds: its live keys in shape (SPEC §5). */
+export async function countFailing(failing: ReadBucket): Promise<number> {
+  return failingOf(await failing.list(">")).failing.length;
+}
+
 /** Bytes kept free in a reply beyond the answer's own JSON. */
 const HEADROOM = 1024;
 

@@ -44,15 +44,17 @@ const line = (text: string) => process.stdout.write(`${text}\n`);
 const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-/** Spawns a process of this project and resolves once a line of its stdout matches `ready`. */
+/** Spawns a process of this project and resolves once a line of its stdout or stderr matches `ready`. */
 async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ process: ChildProcess; line: string }> {
-  const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "inherit"] });
+  const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
   children.push(proc);
+  proc.stderr!.pipe(process.stderr);
   return new Promise((resolvePromise, reject) => {
-    const lines = createInterface({ input: proc.stdout! });
-    lines.on("line", (text) => {
-      if (ready.test(text)) resolvePromise({ process: proc, line: text });
-    });
+    for (const input of [proc.stdout!, proc.stderr!]) {
+      createInterface({ input }).on("line", (text) => {
+        if (ready.test(text)) resolvePromise({ process: proc, line: text });
+      });
+    }
     proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
   });
 }
