@@ -1,3 +1,5 @@
+import { writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import {
   CONFIG_FILE,
@@ -12,6 +14,8 @@ import {
   type Running,
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
+import { startCluster } from "../runtime/cluster.ts";
+import { configPath } from "../runtime/config.ts";
 import { authorization, toConf } from "../runtime/permissions.ts";
 import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
@@ -120,6 +124,45 @@ program
       providers: options.provider ?? cfg.embedded.providers,
     });
     console.log(options.json ? JSON.stringify(users, null, 2) : toConf(users).trimEnd());
+  });
+
+program
+  .command("cluster")
+  .description("run a local NATS cluster with JetStream (3 servers on loopback), for trying several replicas of the set")
+  .addOption(new Option("--size <n>", "how many servers").argParser(positive).default(3))
+  .action(async (options: { size: number }) => {
+    if (options.size < 3) throw new Error("--size: a cluster needs 3 servers or more, to keep serving when one is lost");
+    const cfg = await config();
+    const dir = join(configPath(cfg, cfg.state), "cluster");
+    const users = authorization(cfg, await loadFunctions(cfg), cfg.embedded);
+    const cluster = await startCluster({ stateDir: dir, users, size: options.size, name: cfg.seat });
+    let stopping = false;
+    const onSignal = () => {
+      if (stopping) process.exit(130);
+      stopping = true;
+      void cluster.stop().then(() => process.exit(0));
+    };
+    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
+    const env = join(dir, "env");
+    const replicas = Math.min(3, options.size);
+    writeFileSync(
+      env,
+      [`NATS_URL=${cluster.urls.join(",")}`, `NATS_USER=${cluster.seat.user}`, `NATS_PASSWORD=${cluster.seat.password}`, `NATS_REPLICAS=${replicas}`, ""].join("\n"),
+      { mode: 0o600 },
+    );
+    const shown = relative(process.cwd(), dir) || dir;
+    console.error(
+      [
+        `NATS cluster ${cfg.seat}: ${options.size} servers with JetStream, the embedded default's users`,
+        ...cluster.servers.map((server, i) => `  ${server.name}  ${server.url}  (monitoring ${server.monitor}, store ${join(shown, String(i + 1))})`),
+        "",
+        `Its URLs, the seat's user and replicas ${replicas} are in ${join(shown, "env")}. Start replicas of the set on it,`,
+        "each in a terminal of its own:",
+        `  set -a; . ${join(shown, "env")}; set +a; HTTP_PORT=0 npm start`,
+        "",
+        "Ctrl-C stops the cluster; its stores stay for the next start.",
+      ].join("\n"),
+    );
   });
 
 program

@@ -1,4 +1,4 @@
-import { headers, type JetStreamClient, type KV, type KvEntry, type QueuedIterator } from "nats";
+import { headers, type JetStreamClient, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
 
 /** One live key of a bucket: its value as stored, its revision (stream sequence) and write time. */
 export interface Entry {
@@ -102,13 +102,53 @@ function byKey(a: Entry, b: Entry): number {
   return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
 }
 
+/** Milliseconds the creation of a watch's consumer is waited for before it is asked again. */
+export const WATCH_CREATE_MS = 2000;
+/** How often a watch's creation is asked before the read fails. */
+const WATCH_ATTEMPTS = 5;
+
+/**
+ * `kv.watch(options)`, asked again (up to 5 times, waiting {@link WATCH_CREATE_MS} each) when
+ * the server does not answer: nats-server before 2.11 may place the ephemeral consumer of a
+ * replicated stream on a server that is down, whose creation then never answers
+ * (nats-server#7165). A watch made by a late answer to an abandoned ask is stopped, and its
+ * `initializedFn` not called. Throws what the server answers, or when no ask was answered.
+ */
+export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIterator<KvEntry>> {
+  for (let attempt = 1; ; attempt++) {
+    let abandoned = false;
+    let initialized = false;
+    const asked = kv.watch({
+      ...options,
+      initializedFn: () => {
+        if (abandoned) return;
+        initialized = true;
+        options.initializedFn?.();
+      },
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<undefined>((resolve) => (timer = setTimeout(resolve, WATCH_CREATE_MS, undefined)));
+    const answer = await Promise.race([asked, late]).finally(() => clearTimeout(timer));
+    // Initialized means the consumer exists: its answer is on its way.
+    if (answer !== undefined || initialized) return answer ?? (await asked);
+    abandoned = true;
+    void asked.then(
+      (watch) => watch.stop(),
+      () => {},
+    );
+    if (attempt === WATCH_ATTEMPTS) {
+      throw new Error(`no answer from the server to the creation of a watch, ${WATCH_ATTEMPTS} times in ${WATCH_ATTEMPTS * WATCH_CREATE_MS} ms`);
+    }
+  }
+}
+
 /** Reads the last record of every key matching `filter` with one ordered consumer. */
 async function watchOnce(kv: KV, filter: string, deleted: boolean): Promise<KeyRecord[]> {
   const found: KeyRecord[] = [];
   // nats.js calls initializedFn inside watch() when nothing is pending, before `iterator` is set.
   let initialized = false;
   let iterator: QueuedIterator<KvEntry> | undefined;
-  iterator = await kv.watch({
+  iterator = await watchOf(kv, {
     key: filter,
     initializedFn: () => {
       initialized = true;

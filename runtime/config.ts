@@ -10,6 +10,9 @@ export const CONFIG_FILE = "wrangler-free.config.ts";
 const name = z.string().regex(/^[A-Za-z0-9_-]+$/, "must be letters, digits, - or _");
 const nodeName = z.string().regex(/^[A-Za-z0-9_/=-]+$/, "must be one token (A-Z a-z 0-9 - _ / =)");
 
+/** Copies of a bucket or stream: 1 on one server, 3 (or 5) on a cluster, so that losing one server loses nothing. */
+const replicas = z.number().int().min(1).max(5);
+
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */
   bucket: name,
@@ -19,6 +22,12 @@ const bucketSchema = z.strictObject({
   readBy: z.array(z.enum(["nodes", "providers"])).default([]),
   /** Values kept per key. */
   history: z.number().int().min(1).max(64).default(1),
+  /** Copies of the bucket on a cluster's servers (1, 3 or 5); the config's `replicas` when absent. */
+  replicas: replicas.optional(),
+  /** How long a value is kept, in seconds; for ever when absent. */
+  maxAgeSeconds: z.number().int().min(1).optional(),
+  /** The most bytes the bucket holds; a write beyond is refused. No limit when absent. */
+  maxBytes: z.number().int().min(1024).optional(),
 });
 
 const DAY = 24 * 60 * 60;
@@ -30,6 +39,13 @@ const streamSchema = z.strictObject({
   maxAgeSeconds: z.number().int().min(1).default(7 * DAY),
   /** The most bytes the stream keeps; the oldest messages go first. */
   maxBytes: z.number().int().min(1024).default(1024 ** 3),
+  /**
+   * Seconds an event handed to a replica of the set may go unacknowledged before the server
+   * hands it to another: how long the events a crashed replica held wait.
+   */
+  ackWaitSeconds: z.number().int().min(1).max(3600).default(30),
+  /** Copies of the stream on a cluster's servers; the config's `replicas` when absent. */
+  replicas: replicas.optional(),
 });
 
 /**
@@ -58,6 +74,11 @@ export const configSchema = z.looseObject({
         .optional(),
     })
     .default({ servers: [] }),
+  /**
+   * Copies of every bucket and stream (the runtime's own included) unless one says otherwise:
+   * 1 on one server (the embedded default), 3 on a cluster.
+   */
+  replicas: replicas.default(1),
   http: z
     .strictObject({
       host: z.string().min(1).default("127.0.0.1"),
@@ -119,12 +140,14 @@ const envSchema = z.object({
   NATS_KEY: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).optional(),
   HTTP_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+  NATS_REPLICAS: z.coerce.number().pipe(replicas).optional(),
 });
 
 /**
  * Validates a raw config and applies the environment of SPEC §6 over it: `NATS_URL`
  * (comma-separated servers), `NATS_CREDS`, `NATS_NKEY`, `NATS_USER`, `NATS_PASSWORD`,
- * `NATS_TOKEN`, `NATS_CA`, `NATS_CERT`, `NATS_KEY`, `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
+ * `NATS_TOKEN`, `NATS_CA`, `NATS_CERT`, `NATS_KEY`, `NATS_REPLICAS` (the config's `replicas`),
+ * `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
  */
 export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv = process.env): Config {
   const shown = relative(process.cwd(), file) || file;
@@ -154,6 +177,7 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
         ? { tls: { ...config.nats.tls, ...(e.NATS_CA ? { ca: e.NATS_CA } : {}), ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}), ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}) } }
         : {}),
     },
+    replicas: e.NATS_REPLICAS ?? config.replicas,
     http: { host: e.HTTP_HOST ?? config.http.host, port: e.HTTP_PORT ?? config.http.port },
   };
 }

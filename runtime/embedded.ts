@@ -54,7 +54,7 @@ const isNatsServer = (pid: number) => {
 };
 
 /** Reads the users file of the state folder, adding a generated password for any user missing. */
-function users(stateDir: string, names: readonly string[]): Record<string, string> {
+export function userPasswords(stateDir: string, names: readonly string[]): Record<string, string> {
   const file = join(stateDir, "users.json");
   const known: Record<string, string> = existsSync(file) ? JSON.parse(readFileSync(file, "utf8")) : {};
   const all = Object.fromEntries(names.map((n) => [n, known[n] ?? randomBytes(18).toString("base64url")]));
@@ -98,7 +98,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
   mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const markerFile = join(stateDir, "embedded.json");
   await clearStale(markerFile);
-  const passwords = users(stateDir, names);
+  const passwords = userPasswords(stateDir, names);
   const conf = {
     server_name: `${seat}-embedded`,
     jetstream: { store_dir: join(stateDir, "jetstream") },

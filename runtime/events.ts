@@ -19,8 +19,6 @@ import type { Host } from "./host.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { subjectMatches } from "./subjects.ts";
 
-/** How long a delivered message may go unacknowledged before the server redelivers it. */
-export const ACK_WAIT_MS = 30_000;
 /** Messages a durable consumer pulls at once, and handles at once. */
 const BATCH = 64;
 
@@ -53,8 +51,10 @@ export function streamSubjects(functions: readonly LoadedFunction[]): Map<string
 /**
  * Asserts the streams that `{ event, stream }` triggers name (`config.streams`): a missing one
  * is created limits-based (file storage, `maxAgeSeconds`, `maxBytes`, the oldest dropped
- * first); an existing one is given the subjects and limits it lacks, never emptied. Throws
- * naming the stream when the server refuses (e.g. subjects another stream already captures).
+ * first, `replicas` copies: the stream's, else the config's); an existing one is given the
+ * subjects and limits it lacks, never emptied. Throws naming the stream when the server refuses
+ * (e.g. subjects another stream already captures), or saying both numbers when the existing
+ * one has other replicas.
  */
 export async function assertStreams(
   jsm: JetStreamManager,
@@ -63,7 +63,7 @@ export async function assertStreams(
   log: Logger,
 ): Promise<void> {
   for (const [name, subjects] of streamSubjects(functions)) {
-    const { stream, maxAgeSeconds, maxBytes } = config.streams[name]!;
+    const { stream, maxAgeSeconds, maxBytes, replicas = config.replicas } = config.streams[name]!;
     const wanted = { max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };
     try {
       const info = await jsm.streams.info(stream).catch((err: Error) => {
@@ -75,10 +75,16 @@ export async function assertStreams(
           retention: RetentionPolicy.Limits,
           storage: StorageType.File,
           discard: DiscardPolicy.Old,
-          num_replicas: 1,
+          num_replicas: replicas,
           ...wanted,
         });
       });
+      if (info.config.num_replicas !== replicas) {
+        throw new Error(
+          `it exists with replicas ${info.config.num_replicas} (the config says ${replicas}); it is left as it is: ` +
+            `edit it (nats stream edit ${stream} --replicas ${replicas}) or make the config say what it has`,
+        );
+      }
       const missing = subjects.filter((s) => !info.config.subjects.includes(s));
       if (missing.length > 0 || info.config.max_age !== wanted.max_age || info.config.max_bytes !== wanted.max_bytes) {
         log.info({ stream, missing, ...wanted }, "updating stream");
@@ -121,14 +127,21 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
  * message after its acknowledgement floor: nothing is lost, and what it had acknowledged above
  * the floor comes again (handlers bear running twice).
  */
-async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, log: Logger): Promise<void> {
-  const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: nanos(ACK_WAIT_MS), max_deliver: -1, max_ack_pending: 1000 };
+async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, ackWaitSeconds: number, log: Logger): Promise<void> {
+  const ackWait = nanos(ackWaitSeconds * 1000);
+  const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
   const existing = await jsm.consumers.info(stream, durable).catch(() => undefined);
   if (existing === undefined) {
     await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.All });
     return;
   }
-  if (!existing.config.filter_subject) return;
+  if (!existing.config.filter_subject) {
+    if (existing.config.ack_wait !== ackWait) {
+      log.info({ stream, durable, ackWaitSeconds }, "updating the durable consumer's ack wait");
+      await jsm.consumers.update(stream, durable, { ack_wait: ackWait });
+    }
+    return;
+  }
   const from = existing.ack_floor.stream_seq + 1;
   log.info({ stream, durable, from }, "making the durable consumer unfiltered");
   await jsm.consumers.delete(stream, durable);
@@ -168,9 +181,9 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
       );
       continue;
     }
-    const stream = host.config.streams[trigger.stream]!.stream;
+    const { stream, ackWaitSeconds } = host.config.streams[trigger.stream]!;
     const durable = durableOf(fn, i);
-    await bindDurable(jsm, stream, durable, host.log).catch((err: Error) => {
+    await bindDurable(jsm, stream, durable, ackWaitSeconds, host.log).catch((err: Error) => {
       throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`);
     });
     const consumer = await nc.jetstream().consumers.get(stream, durable);

@@ -1,4 +1,4 @@
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsConnection, type StreamInfo } from "nats";
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { BucketConfig, Config } from "./config.ts";
@@ -76,29 +76,67 @@ function guarded<T extends object>(fn: string, buckets: T, known: readonly strin
 const RECORDS = "<runtime>";
 const CLAIMS = "<claims>";
 
+/** The settings of a bucket's stream that the config decides, as JetStream says them. */
+interface BucketSettings {
+  readonly num_replicas: number;
+  readonly max_msgs_per_subject: number;
+  readonly max_age: number;
+  readonly max_bytes: number;
+}
+
+/** The config's words and the nats CLI's flag for each of {@link BucketSettings}. */
+const SETTINGS: Record<keyof BucketSettings, { readonly said: string; readonly flag: (value: number) => string }> = {
+  num_replicas: { said: "replicas", flag: (v) => `--replicas ${v}` },
+  max_msgs_per_subject: { said: "history", flag: (v) => `--max-msgs-per-subject ${v}` },
+  max_age: { said: "maxAgeSeconds", flag: (v) => `--max-age ${v === 0 ? "0" : `${v / 1e9}s`}` },
+  max_bytes: { said: "maxBytes", flag: (v) => `--max-bytes ${v}` },
+};
+
+/**
+ * What differs between a stream's settings and those wanted, said in the config's words with
+ * the nats CLI command that would make them equal; `undefined` when nothing differs.
+ */
+export function settingsDiffer(stream: string, have: BucketSettings, want: BucketSettings): string | undefined {
+  const keys = (Object.keys(SETTINGS) as (keyof BucketSettings)[]).filter((k) => have[k] !== want[k]);
+  if (keys.length === 0) return undefined;
+  const shown = (k: keyof BucketSettings, v: number) =>
+    k === "max_age" ? (v === 0 ? "none" : `${v / 1e9}`) : k === "max_bytes" && v === -1 ? "none" : String(v);
+  const said = keys.map((k) => `${SETTINGS[k].said} ${shown(k, have[k])} (the config says ${shown(k, want[k])})`);
+  return `${said.join(", ")}; it is left as it is: edit it (nats stream edit ${stream} ${keys.map((k) => SETTINGS[k].flag(want[k])).join(" ")}) or make the config say what it has`;
+}
+
 /**
  * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime` and
- * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), on the
- * connection (SPEC §2): a missing one is created as a JetStream key-value bucket keeping
- * `history` values per key, refusing rollup headers (so no writer can erase keys it was not
- * granted); an existing one is left as it is, never emptied, with a warning when a
- * node-written bucket still takes rollups. Returns the opened buckets by config name; throws
- * naming the bucket when the server refuses.
+ * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), on the connection (SPEC §2): a
+ * missing one is created as a JetStream key-value bucket with the config's `history`,
+ * `replicas` (the bucket's, else the config's), `maxAgeSeconds` and `maxBytes`, refusing rollup
+ * headers (so no writer can erase keys it was not granted); an existing one is never emptied nor
+ * changed: when those settings differ, this throws saying each difference; a node-written one
+ * that still takes rollups gets a warning. Returns the opened buckets by config name (reads go
+ * to the stream's leader when it has replicas: a follower may lag); throws naming the bucket
+ * when the server refuses.
  */
 export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
   const opened = new Map<string, KV>();
-  const all: [string, BucketConfig & { maxAgeSeconds?: number }][] = [
+  const all: [string, BucketConfig][] = [
     ...Object.entries(config.buckets),
     [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
     [CLAIMS, { bucket: claimsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1, maxAgeSeconds: CLAIM_DAYS * 86_400 }],
   ];
   await Promise.all(
-    all.map(async ([name, { bucket, history, writtenBy, maxAgeSeconds }]) => {
+    all.map(async ([name, { bucket, history, writtenBy, replicas, maxAgeSeconds, maxBytes }]) => {
       const stream = `KV_${bucket}`;
+      const want: BucketSettings = {
+        num_replicas: replicas ?? config.replicas,
+        max_msgs_per_subject: history,
+        max_age: maxAgeSeconds === undefined ? 0 : nanos(maxAgeSeconds * 1000),
+        max_bytes: maxBytes ?? -1,
+      };
+      let info: StreamInfo;
       try {
-        const info = await jsm.streams.info(stream).catch((err: Error) => {
+        info = await jsm.streams.info(stream).catch((err: Error) => {
           if (err.message !== "stream not found") throw err;
           return jsm.streams.add({
             name: stream,
@@ -106,21 +144,22 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
             retention: RetentionPolicy.Limits,
             storage: StorageType.File,
             discard: DiscardPolicy.New,
-            max_msgs_per_subject: history,
             allow_direct: true,
             deny_delete: true,
             allow_rollup_hdrs: false,
-            num_replicas: 1,
-            ...(maxAgeSeconds === undefined ? {} : { max_age: nanos(maxAgeSeconds * 1000) }),
+            ...want,
           });
         });
-        if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
-          log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
-        }
-        opened.set(name, await js.views.kv(bucket, { bindOnly: true, allow_direct: info.config.allow_direct }));
       } catch (err) {
         throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
       }
+      const differs = settingsDiffer(stream, info.config, want);
+      if (differs !== undefined) throw new Error(`bucket ${bucket} exists with other settings than the config: ${differs}`);
+      if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
+        log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
+      }
+      const direct = info.config.allow_direct === true && info.config.num_replicas === 1;
+      opened.set(name, await js.views.kv(bucket, { bindOnly: true, allow_direct: direct }));
     }),
   );
   return opened;

@@ -27,6 +27,8 @@ function readsBucket(bucket: string, role: Role = "seat"): string[] {
   return [
     `$JS.API.STREAM.INFO.${s}`,
     `$JS.API.DIRECT.GET.${s}.>`,
+    // The get of a bucket with replicas, answered by its leader.
+    `$JS.API.STREAM.MSG.GET.${s}`,
     `$JS.API.CONSUMER.CREATE.${s}`,
     `$JS.API.CONSUMER.CREATE.${s}.>`,
     // Deletion only for the seat: with it a node could delete another reader's consumer by name.

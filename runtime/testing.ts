@@ -7,10 +7,11 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { KV, NatsConnection } from "nats";
+import { startCluster, type Cluster } from "./cluster.ts";
 import type { Config } from "./config.ts";
 import { startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
 import { loadFunctions, type LoadedFunction } from "./loader.ts";
-import { authorization, type Permissions } from "./permissions.ts";
+import { authorization, type AuthorizedUser, type Permissions } from "./permissions.ts";
 import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */
@@ -98,6 +99,62 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));
       await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The user of a test cluster who may publish and subscribe anything. */
+export const OPERATOR = "operator";
+
+/** A local 3-server JetStream cluster of a test, and ways to reach it as its users. */
+export interface TestCluster {
+  readonly cluster: Cluster;
+  /** `config` on every server of the cluster as the seat, with replicas 3 and HTTP on a free port. */
+  readonly config: Config;
+  /** The same, listing only server `n` (1 to 3): the set connects there and learns the others from it. */
+  configOn(n: number): Config;
+  /** Connects as the seat (no user) or as a node's or provider's user, to server `n` (default 1). */
+  connect(user?: string, n?: number): Promise<NatsConnection>;
+  /** Closes every connection opened here, stops the servers and removes their folder. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a 3-server JetStream cluster ({@link startCluster}) for a test, in a new temporary
+ * folder, with the users the embedded default has (the seat, nodes and providers, permissions
+ * derived from the function set), and {@link OPERATOR}.
+ */
+export async function startTestCluster(config: Config, options: Omit<TestBusOptions, "seatPermissions"> = {}): Promise<TestCluster> {
+  const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-cluster-"));
+  const users = authorization(config, options.functions ?? (await loadFunctions(config)), {
+    nodes: options.nodes ?? config.embedded.nodes,
+    providers: options.providers ?? config.embedded.providers,
+  });
+  // And an operator who may do anything: a test's view from outside ($SRV.STATS, stream infos).
+  const operator: AuthorizedUser = { role: "seat", user: OPERATOR, permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } };
+  const cluster = await startCluster({ stateDir: dir, users: [...users, operator], maxPayload: options.maxPayload, name: `${config.seat}-test` });
+  const opened: NatsConnection[] = [];
+  const on = (servers: readonly string[]): Config => ({
+    ...config,
+    nats: { servers: [...servers], user: cluster.seat.user, password: cluster.seat.password },
+    replicas: 3,
+    http: { host: "127.0.0.1", port: 0 },
+  });
+  return {
+    cluster,
+    config: on(cluster.urls),
+    configOn: (n) => on([cluster.urls[n - 1]!]),
+    connect: async (user, n = 1) => {
+      const found = user === undefined ? cluster.seat : cluster.users[user];
+      if (found === undefined) throw new Error(`the test cluster has no user ${user}`);
+      const nc = await connectTo([cluster.urls[n - 1]!], { user: found.user, pass: found.password, name: `test ${found.user}` });
+      opened.push(nc);
+      return nc;
+    },
+    stop: async () => {
+      await Promise.all(opened.map((nc) => nc.close().catch(() => {})));
+      await cluster.stop();
       rmSync(dir, { recursive: true, force: true });
     },
   };

@@ -1,7 +1,7 @@
 import { createRequire } from "node:module";
 import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
 import type { Logger } from "pino";
-import { checkedKey, filterList, type Entry, type KeyRecord, type ListOptions, type ReadBucket } from "./buckets.ts";
+import { checkedKey, filterList, watchOf, type Entry, type KeyRecord, type ListOptions, type ReadBucket } from "./buckets.ts";
 import { subjectMatches } from "./subjects.ts";
 
 // Required, not imported: a CommonJS module whose default export tsx and vitest unwrap differently.
@@ -98,8 +98,8 @@ interface Generation {
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
  * makes sure the view holds every write acknowledged before it was asked (SPEC §4), as
  * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
- * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>` when
- * the stream does not allow direct gets), or else the view waits for the stream's last
+ * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, its
+ * leader's answer, when the stream does not allow direct gets or has replicas), or else the view waits for the stream's last
  * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would wait longer than
  * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
  * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
@@ -116,7 +116,9 @@ export async function openView(
 ): Promise<LiveView> {
   const stream = `KV_${bucket}`;
   const jsm = await nc.jetstreamManager();
-  const direct = (await jsm.streams.info(stream)).config.allow_direct === true;
+  // A replicated stream's followers answer direct gets too, and may lag: ask its leader.
+  const { config: streamConfig } = await jsm.streams.info(stream);
+  const direct = streamConfig.allow_direct === true && streamConfig.num_replicas === 1;
   let stopped = false;
   const waiters = new Set<{ target: number; done: (reached: boolean) => void }>();
   /** Delete markers whose value the view did not keep. */
@@ -127,7 +129,7 @@ export async function openView(
     const loaded = new Promise<void>((resolve) => (loadedFn = resolve));
     let watch: QueuedIterator<KvEntry>;
     try {
-      watch = await kv.watch({ key: ">", initializedFn: () => loadedFn() });
+      watch = await watchOf(kv, { key: ">", initializedFn: () => loadedFn() });
     } catch (err) {
       throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`);
     }

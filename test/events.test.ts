@@ -72,7 +72,7 @@ afterAll(async () => {
   rmSync(otherDir, { recursive: true, force: true });
 });
 
-const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20 } };
+const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, maxBytes: 1 << 20, ackWaitSeconds: 30 } };
 
 /** The test bus's config with only the probe function and its stream. */
 function probeConfig(): Config {

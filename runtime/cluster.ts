@@ -1,0 +1,147 @@
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { userPasswords, type Credentials } from "./embedded.ts";
+import { freePort, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
+import type { AuthorizedUser } from "./permissions.ts";
+
+export interface ClusterOptions {
+  /** The cluster's folder: `users.json`, and per server `<n>/` with its conf and store. */
+  readonly stateDir: string;
+  /** The users and their permissions ({@link authorization}); the first is the seat. */
+  readonly users: readonly AuthorizedUser[];
+  /** How many servers: 3 by default (JetStream's replicas 3 need three). */
+  readonly size?: number;
+  /** The cluster's name, and its servers' `<name>-<n>`. */
+  readonly name?: string;
+  /** Each server's `max_payload` in bytes. */
+  readonly maxPayload?: number;
+}
+
+/** One server of a {@link Cluster}, by its number (1 to size). */
+export interface ClusterServer {
+  readonly name: string;
+  /** Client URL, `nats://127.0.0.1:<port>`; the same after {@link ClusterServer.start}. */
+  readonly url: string;
+  /** Monitoring URL (`/jsz`, `/routez`…), `http://127.0.0.1:<port>`. */
+  readonly monitor: string;
+  /** The running process's pid; `undefined` while stopped. */
+  readonly pid: number | undefined;
+  /** Kills the server at once (SIGKILL), as a crash would. */
+  kill(): Promise<void>;
+  /** Starts it again, on the same ports and store. */
+  start(): Promise<void>;
+}
+
+/** A local NATS cluster with JetStream, its servers routed to each other on loopback. */
+export interface Cluster {
+  readonly servers: readonly ClusterServer[];
+  /** Every server's client URL, for `NATS_URL` (comma-separated). */
+  readonly urls: readonly string[];
+  readonly seat: Credentials;
+  /** Node and provider users by name. */
+  readonly users: Readonly<Record<string, Credentials>>;
+  /** Resolves once every running server sees the same JetStream meta leader and all peers current. */
+  ready(timeoutMs?: number): Promise<void>;
+  /** Stops every server (SIGTERM). */
+  stop(): Promise<void>;
+}
+
+interface Jsz {
+  readonly meta_cluster?: { readonly leader?: string; readonly cluster_size?: number; readonly replicas?: readonly { readonly current: boolean }[] };
+}
+
+/**
+ * Starts a local cluster of `size` nats-servers with JetStream (default 3), routed to each other
+ * on loopback ports, each with its own store under `<stateDir>/<n>/`, all with the users given
+ * (passwords generated once into `<stateDir>/users.json`, as the embedded server does). Resolves
+ * once JetStream has a meta leader and every peer is current, so replicas 3 can be placed.
+ * Throws {@link NatsServerMissing} when no `nats-server` is installed, and with the server's log
+ * when one does not start.
+ */
+export async function startCluster(options: ClusterOptions): Promise<Cluster> {
+  const { stateDir, size = 3, name = "mesh" } = options;
+  mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+  const names = options.users.map((u) => u.user);
+  const passwords = userPasswords(stateDir, names);
+  const authorization = { users: options.users.map(({ user, permissions }) => ({ user, password: passwords[user], permissions })) };
+  const ports = await Promise.all(
+    Array.from({ length: size }, async () => ({ client: await freePort(), route: await freePort(), monitor: await freePort() })),
+  );
+  const routes = ports.map((p) => `nats-route://127.0.0.1:${p.route}`);
+
+  const servers = ports.map((port, i) => {
+    const n = i + 1;
+    const dir = join(stateDir, String(n));
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const conf = {
+      server_name: `${name}-${n}`,
+      jetstream: { store_dir: join(dir, "jetstream") },
+      cluster: { name, host: "127.0.0.1", port: port.route, routes },
+      http: `127.0.0.1:${port.monitor}`,
+      ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
+      authorization,
+    };
+    let running: RunningNatsServer | undefined;
+    const server: ClusterServer = {
+      name: conf.server_name,
+      url: `nats://127.0.0.1:${port.client}`,
+      monitor: `http://127.0.0.1:${port.monitor}`,
+      get pid() {
+        return running?.pid;
+      },
+      kill: async () => {
+        if (running === undefined) return;
+        process.kill(running.pid, "SIGKILL");
+        await running.stop();
+        running = undefined;
+      },
+      start: async () => {
+        running ??= await spawnNatsServer({ conf, confFile: join(dir, "nats-server.conf"), port: port.client });
+      },
+    };
+    const stopServer = async () => {
+      await running?.stop();
+      running = undefined;
+    };
+    return { server, stop: stopServer };
+  });
+
+  const stop = async () => {
+    await Promise.all(servers.map((s) => s.stop()));
+  };
+  const jsz = async (server: ClusterServer): Promise<Jsz | undefined> => {
+    if (server.pid === undefined) return undefined;
+    return (await fetch(`${server.monitor}/jsz`).then((r) => r.json()).catch(() => undefined)) as Jsz | undefined;
+  };
+  const ready = async (timeoutMs = 30_000) => {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const running = servers.map((s) => s.server).filter((s) => s.pid !== undefined);
+      const seen = await Promise.all(running.map(jsz));
+      const leaders = new Set(seen.map((j) => j?.meta_cluster?.leader ?? ""));
+      const leader = seen.find((j) => j?.meta_cluster?.leader !== undefined && j.meta_cluster.replicas !== undefined);
+      const current = (leader?.meta_cluster?.replicas ?? []).filter((r) => r.current).length + 1;
+      if (leaders.size === 1 && !leaders.has("") && current >= running.length) return;
+      if (Date.now() > deadline) throw new Error(`the cluster has no JetStream meta leader with every peer current within ${timeoutMs} ms`);
+      await sleep(100);
+    }
+  };
+
+  try {
+    await Promise.all(servers.map((s) => s.server.start()));
+    await ready();
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  const credentials = (user: string): Credentials => ({ user, password: passwords[user]! });
+  return {
+    servers: servers.map((s) => s.server),
+    urls: servers.map((s) => s.server.url),
+    seat: credentials(names[0]!),
+    users: Object.fromEntries(names.slice(1).map((user) => [user, credentials(user)])),
+    ready,
+    stop,
+  };
+}
