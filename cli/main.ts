@@ -14,6 +14,7 @@ import {
   type Running,
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
+import { STOP_GRACE_MS } from "../runtime/bind.ts";
 import { startCluster } from "../runtime/cluster.ts";
 import { configPath } from "../runtime/config.ts";
 import { authorization, toConf } from "../runtime/permissions.ts";
@@ -49,7 +50,12 @@ program
       if (stopping) process.exit(130); // a second signal: at once (the exit hook kills the child)
       stopping = true;
       log.info({ signal }, "signal: stopping");
-      if (running !== undefined) void shutdown(running);
+      if (running !== undefined) return void shutdown(running);
+      // Start still going (a long run at start): it gets the same grace as requests in hand.
+      setTimeout(() => {
+        log.error(`start did not end within ${STOP_GRACE_MS / 1000} s of the signal; exiting`);
+        process.exit(1); // the exit hook stops the embedded server
+      }, STOP_GRACE_MS).unref();
     };
     for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
     running = await start({ config: await config(), log });

@@ -9,7 +9,16 @@ export default defineFunction({
   output: statusAnswer,
   access: { views: ["failing", "registry"] },
   metrics: {
-    failing_triples: { type: "gauge", help: "Failing triples (provider, machine, consumer) in the failing bucket", collect: (ctx) => countFailing(ctx.views.failing.local) },
+    failing_triples: {
+      type: "gauge",
+      help: "Failing triples (provider, machine, consumer) in the failing bucket",
+      collect: async (ctx) => (await countFailing(ctx.views.failing.local)).failing,
+    },
+    failing_keys_out_of_shape: {
+      type: "gauge",
+      help: "Keys of the failing bucket out of shape (status is not well while there are any)",
+      collect: async (ctx) => (await countFailing(ctx.views.failing.local)).outOfShape,
+    },
   },
   handler: (request, ctx) => readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload),
 });

@@ -101,12 +101,14 @@ function refuse(msg: ServiceMsg, code: number, message: string): void {
  * Binds every `{ subject }` trigger as an endpoint of one NATS service named after the seat,
  * in the queue group of the seat, so replicas share requests. Answers are the handler's value
  * as JSON; refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body.
- * Stopping takes no new request and answers those in hand, for at most {@link STOP_GRACE_MS}.
+ * Stopping takes no new request and answers those in hand, for at most `graceMs` (default
+ * {@link STOP_GRACE_MS}).
  */
 export async function bindSubjects(
   host: Host,
   functions: readonly LoadedFunction[],
   version: string,
+  graceMs = STOP_GRACE_MS,
 ): Promise<Binding> {
   const endpoints = triggersOf(functions, "subject");
   if (endpoints.length === 0) return { stop: async () => {} };
@@ -122,9 +124,8 @@ export async function bindSubjects(
     const answer = async (msg: ServiceMsg) => {
       const began = performance.now();
       const payload = parsePayload(msg.data);
-      const outcome = payload.ok
-        ? await host.run(fn, payload.value, { kind: "subject", subject: msg.subject })
-        : payload;
+      const trigger = { kind: "subject", subject: msg.subject } as const;
+      const outcome = payload.ok ? await host.run(fn, payload.value, trigger) : host.refuse(fn, trigger, payload.error);
       stats?.ran(performance.now() - began, outcome.ok ? undefined : outcome.error.message);
       if (!outcome.ok) return refuse(msg, outcome.error.code, outcome.error.message);
       const body = encoder.encode(jsonOf(outcome.value));
@@ -155,11 +156,11 @@ export async function bindSubjects(
     if (stats === undefined) host.log.warn({ endpoint: name }, "$SRV.STATS will count only what nats.js sees of this endpoint");
   }
   return {
-    // No new requests; those in hand are answered, for at most STOP_GRACE_MS.
+    // No new requests; those in hand are answered, for at most graceMs.
     stop: async () => {
       await service.stop();
       let timer: NodeJS.Timeout | undefined;
-      const grace = new Promise((resolve) => (timer = setTimeout(resolve, STOP_GRACE_MS)));
+      const grace = new Promise((resolve) => (timer = setTimeout(resolve, graceMs)));
       await Promise.race([Promise.allSettled(inFlight), grace]);
       clearTimeout(timer);
       if (inFlight.size > 0) host.log.warn({ unanswered: inFlight.size }, "stopped with requests still in hand");
@@ -222,35 +223,51 @@ async function httpInput(c: HonoContext): Promise<Outcome> {
   return parsePayload(new Uint8Array(await c.req.arrayBuffer()));
 }
 
+/** What `GET /healthz` and `GET /readyz` say is wrong: nothing (an empty list) when all is well. */
+export interface Probes {
+  /** Why the process cannot go on serving, and should be restarted. */
+  live(): string[];
+  /** Why the set cannot serve yet, or for now. */
+  ready(): string[];
+}
+
 /**
  * One Hono app with a route per `{ http: "METHOD /path" }` trigger. Answers are JSON; a refusal
  * has the status of its code and the body of SPEC §4; an unknown route is a JSON 404. Besides,
- * `GET /healthz` answers 200 while the process runs, `GET /readyz` 200 `{ ready: true }`,
- * or 503 `{ ready: false, reasons }` with what `readiness` says is missing, and `GET /metrics`
+ * `GET /healthz` answers 200 `{ ok: true }`, or 503 `{ ok: false, reasons }` with what
+ * `probes.live` says; `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }`
+ * with what `probes.ready` says is missing; and `GET /metrics`
  * the runtime's metrics in Prometheus's text format.
  */
-export function httpApp(host: Host, functions: readonly LoadedFunction[], readiness: () => string[] = () => []): Hono {
+export function httpApp(host: Host, functions: readonly LoadedFunction[], probes: Probes = { live: () => [], ready: () => [] }): Hono {
   const app = new Hono();
   // The runtime's own: the process is up; the set is ready, or why not.
-  app.get("/healthz", (c) => c.json({ ok: true }));
+  app.get("/healthz", (c) => {
+    const dead = probes.live();
+    return dead.length === 0 ? c.json({ ok: true }) : c.json({ ok: false, reasons: dead }, 503);
+  });
   app.get("/metrics", async (c) => c.body(await host.metrics.registry.metrics(), 200, { "content-type": host.metrics.registry.contentType }));
   app.get("/readyz", (c) => {
-    const notReady = readiness();
+    const notReady = probes.ready();
     return notReady.length === 0 ? c.json({ ready: true }) : c.json({ ready: false, reasons: notReady }, 503);
   });
   for (const { fn, trigger } of triggersOf(functions, "http")) {
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
       const input = await httpInput(c);
-      const outcome = input.ok
-        ? await host.run(fn, input.value, { kind: "http", method, path })
-        : input;
+      const trigger = { kind: "http", method, path } as const;
+      const outcome = input.ok ? await host.run(fn, input.value, trigger) : host.refuse(fn, trigger, input.error);
       if (outcome.ok) return c.body(jsonOf(outcome.value), 200, { "content-type": "application/json" });
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, {
         "content-type": "application/json",
       });
     });
   }
+  // What escapes a route (a client gone mid-request): a log line, not Hono's console output.
+  app.onError((err, c) => {
+    host.log.warn({ method: c.req.method, path: c.req.path, err: err.message }, "HTTP request not answered");
+    return c.body(errorBody(500, `the request could not be read: ${err.message}`), 500, { "content-type": "application/json" });
+  });
   app.notFound((c) =>
     c.body(errorBody(404, `no function at ${c.req.method} ${c.req.path}`), 404, { "content-type": "application/json" }),
   );

@@ -256,6 +256,7 @@ const httpTrigger = z.strictObject({
 
 const labelNames = z
   .array(z.string().regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, "must be a Prometheus label name").refine((l) => !l.startsWith("__"), "must not start with __ (Prometheus's own)"))
+  .refine((labels) => new Set(labels).size === labels.length, "must not name a label twice")
   .readonly()
   .optional();
 const metricDeclaration = z.discriminatedUnion("type", [
@@ -308,7 +309,13 @@ export const definitionSchema = z.strictObject({
     })
     .optional(),
   metrics: z
-    .record(z.string().regex(METRIC_NAME, "must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit"), metricDeclaration)
+    .record(
+      z
+        .string()
+        .regex(METRIC_NAME, "must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit")
+        .refine((name) => !name.startsWith("__") && !(name in Object.prototype), "must not start with __ nor be a name every JavaScript object has"),
+      metricDeclaration,
+    )
     .optional(),
   handler: z.custom<(...args: unknown[]) => unknown>(
     (value) => typeof value === "function",

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
@@ -59,6 +59,8 @@ export function userPasswords(stateDir: string, names: readonly string[]): Recor
   const known: Record<string, string> = existsSync(file) ? JSON.parse(readFileSync(file, "utf8")) : {};
   const all = Object.fromEntries(names.map((n) => [n, known[n] ?? randomBytes(18).toString("base64url")]));
   writeFileSync(file, JSON.stringify({ ...known, ...all }, null, 2), { mode: 0o600 });
+  chmodSync(file, 0o600); // `mode` applies to a new file only
+
   return all;
 }
 

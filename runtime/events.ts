@@ -105,12 +105,10 @@ type Verdict = "done" | "refused" | "failed";
  */
 async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger: TriggerInfo & { kind: "event" }): Promise<Verdict> {
   const payload = parsePayload(data);
-  const outcome = payload.ok ? await host.run(fn, payload.value, trigger) : payload;
+  const outcome = payload.ok ? await host.run(fn, payload.value, trigger) : host.refuse(fn, trigger, payload.error);
   if (outcome.ok) return "done";
   if (outcome.error.code >= 500) return "failed";
   const reason = outcome.error.message;
-  // A payload the function saw was logged by the run; one that is not JSON is logged here.
-  if (!payload.ok) host.log.warn({ function: fn.name, trigger, code: 400, refused: reason }, "event refused: not JSON");
   host.metrics.refused.inc({ function: fn.name });
   try {
     await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() });

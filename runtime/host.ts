@@ -35,6 +35,11 @@ export interface Host {
    * bad input is a 400, a {@link ServiceError} keeps its code, anything else is logged and a 500.
    */
   run(fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome>;
+  /**
+   * Counts and logs, as one run refused with `error`, a trigger whose input could not even be
+   * read (a payload that is not JSON); returns that refusal.
+   */
+  refuse(fn: LoadedFunction, trigger: TriggerInfo, error: { readonly code: number; readonly message: string }): Outcome;
   /** Stops the live views. */
   close(): void;
 }
@@ -271,11 +276,23 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     return outcome;
   };
 
+  // A refused request was answered; a refused event is kept nowhere but in the records.
+  const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn" : "info");
+
+  const refuse = (fn: LoadedFunction, trigger: TriggerInfo, error: { code: number; message: string }): Outcome => {
+    const labels = { function: fn.name, trigger: trigger.kind };
+    metrics.runs.inc(labels);
+    metrics.seconds.observe(labels, 0);
+    metrics.errors.inc({ ...labels, code: String(error.code) });
+    const message = refusalMessage(error.message);
+    context(fn, trigger).log[refusalLevel(trigger)]({ code: error.code, refused: message }, "refused bad input");
+    return { ok: false, error: { code: error.code, message } };
+  };
+
   const runOnce = async (fn: LoadedFunction, raw: unknown, trigger: TriggerInfo): Promise<Outcome> => {
     const ctx = context(fn, trigger);
     const input = fn.input.safeParse(raw);
-    // A refused request was answered; a refused event is kept nowhere but in the records.
-    const level = trigger.kind === "event" ? "warn" : "info";
+    const level = refusalLevel(trigger);
     if (!input.success) {
       const message = refusalMessage(formatIssues(input.error.issues));
       ctx.log[level]({ code: 400, refused: message }, "refused bad input");
@@ -299,7 +316,7 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
     for (const view of views.values()) view.stop();
   };
 
-  return { nc, config, log, records, metrics, context, run, close };
+  return { nc, config, log, records, metrics, context, run, refuse, close };
 }
 
 /**

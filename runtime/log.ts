@@ -1,24 +1,47 @@
 import { pino, type Logger, type LoggerOptions } from "pino";
 
-/** Fields never written as they are, at any depth up to three: credentials and passwords. */
-const SECRET_FIELDS = ["pass", "password", "token", "creds", "seed", "authorization"];
-const REDACT: LoggerOptions["redact"] = {
-  paths: SECRET_FIELDS.flatMap((field) => [field, `*.${field}`, `*.*.${field}`]),
-  censor: "***",
+/** Field names whose values are credentials, in any case: written `***` at any depth. */
+const SECRET_FIELD = /^(pass|passwd|password|token|auth_token|creds|credentials|seed|nkey|authorization|secret)$/i;
+/** How deep a logged object is searched for credentials; deeper parts are written `[deep]`. */
+const MAX_DEPTH = 12;
+
+/**
+ * `value` with every field named like a credential ({@link SECRET_FIELD}) replaced by `***`,
+ * at any depth: plain objects, arrays and errors are copied, other values kept as they are.
+ */
+export function redacted(value: unknown, depth = 0, seen = new WeakSet<object>()): unknown {
+  if (value === null || typeof value !== "object") return value;
+  if (seen.has(value)) return "[circular]";
+  if (depth > MAX_DEPTH) return "[deep]";
+  if (value instanceof Error) return redacted(pino.stdSerializers.err(value), depth, seen);
+  if (ArrayBuffer.isView(value) || value instanceof Date || typeof (value as { toJSON?: unknown }).toJSON === "function") return value;
+  seen.add(value);
+  const copy = Array.isArray(value)
+    ? value.map((item) => redacted(item, depth + 1, seen))
+    : Object.fromEntries(Object.entries(value).map(([key, item]) => [key, SECRET_FIELD.test(key) ? "***" : redacted(item, depth + 1, seen)]));
+  seen.delete(value);
+  return copy;
+}
+
+const LEVELS = [...Object.keys(pino.levels.values), "silent"];
+
+const OPTIONS: LoggerOptions = {
+  // Serializers run after `formatters.log`: errors are serialized, then searched.
+  serializers: { err: (err: unknown) => redacted(err) },
+  formatters: { log: (object) => redacted(object) as Record<string, unknown> },
 };
 
 /**
  * The process's logger: JSON lines on stdout, readable lines when stdout is a terminal.
  * `LOG_LEVEL` sets the level (default `info`; `silent` turns logs off); throws naming the levels
- * when it is none of them. Fields named like a
- * credential (`pass`, `password`, `token`, `creds`, `seed`, `authorization`) are written `***`.
+ * when it is none of them. A field named like a credential (`password`, `token`, `creds`,
+ * `seed`, `authorization`… in any case, at any depth) is written `***`.
  */
 export function createLogger(env: NodeJS.ProcessEnv = process.env): Logger {
   const level = env.LOG_LEVEL ?? "info";
-  const levels = [...Object.keys(pino.levels.values), "silent"];
-  if (!levels.includes(level)) throw new Error(`LOG_LEVEL: ${JSON.stringify(level)} is not a level (${levels.join(", ")})`);
+  if (!LEVELS.includes(level)) throw new Error(`LOG_LEVEL: ${JSON.stringify(level)} is not a level (${LEVELS.join(", ")})`);
   if (process.stdout.isTTY) {
-    return pino({ level, redact: REDACT, transport: { target: "pino-pretty", options: { translateTime: "SYS:HH:MM:ss" } } });
+    return pino({ ...OPTIONS, level, transport: { target: "pino-pretty", options: { translateTime: "SYS:HH:MM:ss" } } });
   }
-  return pino({ level, redact: REDACT });
+  return pino({ ...OPTIONS, level });
 }

@@ -34,10 +34,15 @@ export function isRuntimeMetric(name: string): boolean {
   return RUNTIME_METRICS.some((own) => name === own || name.startsWith(`${own}_`));
 }
 
+/** Milliseconds a gauge's `collect` may take at a scrape; after that the gauge keeps its value. */
+export const COLLECT_MS = 2000;
+
 /**
  * Registers one metric a function declared in `registry` and returns its handle. A gauge's
- * `collect` runs at each scrape; when it throws or returns no finite number, the gauge keeps its
- * value and `log` gets a warning naming the metric. Throws when the name is taken.
+ * `collect` runs at each scrape; when it throws, returns no finite number or takes longer than
+ * {@link COLLECT_MS}, the gauge keeps its value and `log` gets a warning naming the metric.
+ * Throws when the name is taken; the handles throw on a value that is not a finite number (or a
+ * negative one, for a counter).
  */
 export function declareMetric(
   registry: Registry,
@@ -47,9 +52,15 @@ export function declareMetric(
   log: Logger,
 ): CounterMetric | GaugeMetric {
   const common = { name, help: declaration.help, labelNames: [...(declaration.labels ?? [])], registers: [registry] };
+  const finite = (op: string, value: number, min = -Infinity) => {
+    if (typeof value !== "number" || !Number.isFinite(value) || value < min) {
+      throw new Error(`metric ${name}: ${op} takes a finite number${min === 0 ? " ≥ 0" : ""}, not ${String(value)}`);
+    }
+    return value;
+  };
   if (declaration.type === "counter") {
     const counter = new Counter(common);
-    return { inc: (value = 1, labels = {}) => counter.inc(labels as never, value) };
+    return { inc: (value = 1, labels = {}) => counter.inc(labels as never, finite("inc", value, 0)) };
   }
   const gauge: Gauge = new Gauge({
     ...common,
@@ -57,21 +68,27 @@ export function declareMetric(
       ? {}
       : {
           collect: async () => {
+            let timer: NodeJS.Timeout | undefined;
             try {
-              const value = await collect();
+              const late = new Promise<never>((_, reject) => {
+                timer = setTimeout(() => reject(new Error(`collect gave no value within ${COLLECT_MS} ms`)), COLLECT_MS);
+              });
+              const value = await Promise.race([collect(), late]);
               if (typeof value !== "number" || !Number.isFinite(value)) throw new Error(`collect returned ${String(value)}, not a number`);
               gauge.set(value);
             } catch (err) {
-              log.warn({ metric: name, err }, "metric not collected; it keeps its last value");
+              log.warn({ metric: name, err: (err as Error).message }, "metric not collected; it keeps its last value");
+            } finally {
+              clearTimeout(timer);
             }
           },
         }),
   });
   const labelled = (labels: Labels | undefined) => (labels ?? {}) as never;
   return {
-    set: (value, labels) => gauge.set(labelled(labels), value),
-    inc: (value = 1, labels) => gauge.inc(labelled(labels), value),
-    dec: (value = 1, labels) => gauge.dec(labelled(labels), value),
+    set: (value, labels) => gauge.set(labelled(labels), finite("set", value)),
+    inc: (value = 1, labels) => gauge.inc(labelled(labels), finite("inc", value)),
+    dec: (value = 1, labels) => gauge.dec(labelled(labels), finite("dec", value)),
   };
 }
 

@@ -112,8 +112,10 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.ACK.${stream}.${durable}.>`,
         ]),
         ...functions.flatMap((fn) => fn.definition.access?.publishes ?? []),
-        // Its own verbs, so an operator holding the seat's credentials can ask them.
+        // Its own verbs, so an operator holding the seat's credentials can ask them, and
+        // describe the service (`nats micro info`).
         ...verbSubjects(functions),
+        ...(verbSubjects(functions).length > 0 ? ["PING", "INFO", "STATS"].flatMap((v) => [`$SRV.${v}`, `$SRV.${v}.${config.seat}`, `$SRV.${v}.${config.seat}.*`]) : []),
         // Replies to its verbs' requesters (the runtime answers no other reply subject), instead
         // of `allow_responses`, with which nats-server 2.9 tracks the reply subject of every
         // JetStream message it delivers: reads of a large bucket then go ten times slower.

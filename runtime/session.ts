@@ -74,7 +74,7 @@ export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptio
  */
 function urlCredentials(servers: readonly string[]): Partial<ConnectionOptions> {
   for (const server of servers) {
-    const userinfo = /^[a-z]+:\/\/([^/@]*)@/i.exec(server)?.[1];
+    const { userinfo } = splitUrl(server);
     if (userinfo === undefined || userinfo === "") continue;
     const decoded = (text: string) => {
       try {
@@ -100,9 +100,22 @@ function readable(what: string, file: string): string {
   return file;
 }
 
+/**
+ * A server URL split at its credentials: the scheme with its `//` (or nothing), what comes
+ * before the last `@` (a user, password or token, which may hold `/`, `:` and `@` themselves),
+ * and the rest.
+ */
+function splitUrl(url: string): { scheme: string; userinfo?: string; rest: string } {
+  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(url)?.[0] ?? "";
+  const after = url.slice(scheme.length);
+  const at = after.lastIndexOf("@");
+  return at === -1 ? { scheme, rest: after } : { scheme, userinfo: after.slice(0, at), rest: after.slice(at + 1) };
+}
+
 /** A server URL as it may be shown: a user, password or token in it replaced by `***`. */
 export function withoutPassword(url: string): string {
-  return url.replace(/^([a-z]+:\/\/)[^/@]*@/i, "$1***@");
+  const { scheme, userinfo, rest } = splitUrl(url);
+  return userinfo === undefined ? url : `${scheme}***@${rest}`;
 }
 
 /**
@@ -114,8 +127,15 @@ export function withoutPassword(url: string): string {
 export async function connectTo(servers: readonly string[], options: Partial<ConnectionOptions>): Promise<NatsConnection> {
   try {
     const inboxPrefix = options.user ? inboxOf(options.user) : "_INBOX";
+    // Credentials written in a URL are in `options` already (credentialOptions): nats.js never sees them.
+    const bare = servers.map((server) => {
+      const { scheme, rest } = splitUrl(server);
+      return scheme + rest;
+    });
     // No async stack traces: they cost an Error per request, and errors are logged by message.
-    return await connect({ servers: [...servers], name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, noAsyncTraces: true, ...options });
+    // Credentials refused while reconnecting (a server restarting, being reconfigured) are
+    // tried again like any failure, not the end of the connection.
+    return await connect({ servers: bare, name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, noAsyncTraces: true, ignoreAuthErrorAbort: true, ...options });
   } catch (err) {
     const { code, message } = err as { code?: string; message: string };
     const reason =
@@ -129,6 +149,11 @@ export async function connectTo(servers: readonly string[], options: Partial<Con
     throw new Error(`cannot connect to ${servers.map(withoutPassword).join(", ")}: ${reason}`);
   }
 }
+
+/** Drains `nc`, unless it is closed already. */
+const drained = async (nc: NatsConnection): Promise<void> => {
+  if (!nc.isClosed()) await nc.drain();
+};
 
 export interface SessionOptions {
   /**
@@ -159,7 +184,7 @@ export async function openSession(config: Config, options: SessionOptions): Prom
     const credentials = credentialOptions(config.nats);
     const inboxPrefix = inboxOf(credentials.user ?? config.seat);
     const nc = await connectTo(config.nats.servers, { name, inboxPrefix, ...credentials });
-    return { nc, url: config.nats.servers.map(withoutPassword).join(","), close: () => nc.drain() };
+    return { nc, url: config.nats.servers.map(withoutPassword).join(","), close: () => drained(nc) };
   }
   const stateDir = configPath(config, config.state);
   const user = options.user ?? config.seat;
@@ -171,7 +196,7 @@ export async function openSession(config: Config, options: SessionOptions): Prom
     }
     if (credentials === undefined) throw new Error(`the embedded nats-server has no user ${user}`);
     const nc = await connectTo([running.url], { name, user: credentials.user, pass: credentials.password });
-    return { nc, url: running.url, close: () => nc.drain() };
+    return { nc, url: running.url, close: () => drained(nc) };
   }
   const functions = options.functions ?? (await loadFunctions(config));
   const embedded = await startEmbedded({
@@ -188,7 +213,7 @@ export async function openSession(config: Config, options: SessionOptions): Prom
       url: embedded.url,
       embedded,
       close: async () => {
-        await nc.drain().catch(() => {});
+        await drained(nc).catch(() => {});
         await embedded.stop();
       },
     };

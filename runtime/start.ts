@@ -2,7 +2,8 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { serve, type ServerType } from "@hono/node-server";
 import type { Logger } from "pino";
-import { bindCron, bindSubjects, httpApp, type Binding } from "./bind.ts";
+import type { Server } from "node:http";
+import { bindCron, bindSubjects, httpApp, STOP_GRACE_MS, type Binding } from "./bind.ts";
 import type { Config } from "./config.ts";
 import { bindEvents } from "./events.ts";
 import type { Clock, Trigger } from "./define.ts";
@@ -18,6 +19,8 @@ export interface StartOptions {
   readonly clock?: Clock;
   /** The embedded server's `max_payload` in bytes, when one is started. */
   readonly maxPayload?: number;
+  /** How long stop waits for requests in hand (NATS and HTTP), in milliseconds; {@link STOP_GRACE_MS} by default. */
+  readonly stopGraceMs?: number;
 }
 
 /** A running function set. */
@@ -39,6 +42,19 @@ function versionOf(config: Config): string {
   const file = join(config.root, "package.json");
   if (!existsSync(file)) return "0.0.0";
   return (JSON.parse(readFileSync(file, "utf8")) as { version?: string }).version ?? "0.0.0";
+}
+
+/**
+ * Closes the HTTP server: no new connection, idle ones closed now, those still busy after
+ * `graceMs` closed too (a client that never finishes its request cannot hold stop).
+ */
+async function closeHttp(http: ServerType, graceMs: number): Promise<void> {
+  const server = http as Server;
+  const closed = new Promise((resolve) => server.close(resolve));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+  await closed;
+  clearTimeout(timer);
 }
 
 function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Promise<ServerType> {
@@ -64,7 +80,7 @@ function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Pr
  */
 export async function start(options: StartOptions): Promise<Running> {
   const began = performance.now();
-  const { config } = options;
+  const { config, stopGraceMs: graceMs = STOP_GRACE_MS } = options;
   const log = options.log ?? createLogger();
   const functions = await loadFunctions(config);
   const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload, functions });
@@ -75,23 +91,36 @@ export async function start(options: StartOptions): Promise<Running> {
   const stop = () =>
     (stopping ??= (async () => {
       log.info("stopping");
-      for (const binding of [...bindings].reverse()) await binding.stop();
-      if (http !== undefined) await new Promise((resolve) => http!.close(resolve));
+      // Requests in hand, over NATS and HTTP, are answered for at most the grace.
+      await Promise.all([
+        (async () => {
+          for (const binding of [...bindings].reverse()) await binding.stop();
+        })(),
+        http === undefined ? undefined : closeHttp(http, graceMs),
+      ]);
       host?.close();
       await session.close();
       log.info("stopped");
     })());
   // What `GET /readyz` says is missing (empty: ready).
   let bound = false;
+  // Why the connection is gone for good, when it closed without a stop (`GET /healthz` says it).
+  let lost: string | undefined;
   let connected = true;
   let failedAtStart: string[] = [];
   const readiness = () => [
     ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
-    ...(connected ? [] : ["not connected to NATS: reconnecting"]),
+    ...(lost !== undefined ? [lost] : connected ? [] : ["not connected to NATS: reconnecting"]),
     ...failedAtStart.map((name) => `${name}: its run at start failed`),
   ];
   const watchConnection = (metrics: Metrics) => {
     metrics.connected.set(1);
+    void session.nc.closed().then((err) => {
+      if (stopping) return;
+      lost = `the NATS connection closed${err ? `: ${err.message}` : ""}; restart the process`;
+      metrics.connected.set(0);
+      log.error({ err }, "NATS connection closed for good");
+    });
     void (async () => {
       for await (const status of session.nc.status()) {
         if (status.type === "disconnect") {
@@ -111,8 +140,8 @@ export async function start(options: StartOptions): Promise<Running> {
   try {
     host = await openHost({ nc: session.nc, config, log, clock: options.clock, functions });
     watchConnection(host.metrics);
-    bindings.push(await bindSubjects(host, functions, versionOf(config)));
-    http = await listen(httpApp(host, functions, readiness), config.http.host, config.http.port);
+    bindings.push(await bindSubjects(host, functions, versionOf(config), graceMs));
+    http = await listen(httpApp(host, functions, { live: () => (lost === undefined ? [] : [lost]), ready: readiness }), config.http.host, config.http.port);
     bindings.push(await bindEvents(host, functions));
     const cron = await bindCron(host, functions);
     bindings.push(cron);

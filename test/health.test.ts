@@ -22,10 +22,11 @@ const get = async (path: string) => {
 };
 
 describe("metrics", () => {
-  it("count runs, refusals and durations per function and trigger, and say NATS is connected", async () => {
+  it("count runs, refusals (a payload that is not JSON too) and durations per function and trigger, and say NATS is connected", async () => {
     const asker = await bus.connect("birch");
     for (let i = 0; i < 3; i++) await request(asker, VERB, { what: "registry" });
     for (let i = 0; i < 2; i++) await request(asker, VERB, { what: "nope" });
+    await asker.request(VERB, "not json", { timeout: 5000 }); // refused before any schema: counted all the same
     const response = await fetch(`${set.httpUrl}/metrics`);
     expect(response.status).toBe(200);
     expect(response.headers.get("content-type")).toMatch(/^text\/plain; version=0\.0\.4/);
@@ -34,9 +35,9 @@ describe("metrics", () => {
     for (const line of text.trim().split("\n").filter((l) => l !== "")) expect(line).toMatch(/^(# (HELP|TYPE) \S+ .+|[a-z_]+(\{[^}]*\})? [0-9.e+-]+|[a-z_]+(\{[^}]*\})? \+Inf)$/);
     const sample = (name: string, labels: string) => Number(new RegExp(`^${name}\\{${labels}\\} (\\S+)$`, "m").exec(text)?.[1]);
     const verb = 'function="provisioning",trigger="subject"';
-    expect(sample("function_runs_total", verb)).toBe(5);
-    expect(sample("function_run_errors_total", `${verb},code="400"`)).toBe(2);
-    expect(sample("function_run_seconds_count", verb)).toBe(5);
+    expect(sample("function_runs_total", verb)).toBe(6);
+    expect(sample("function_run_errors_total", `${verb},code="400"`)).toBe(3);
+    expect(sample("function_run_seconds_count", verb)).toBe(6);
     expect(sample("function_runs_total", 'function="registry-compile",trigger="start"')).toBe(1);
     expect(text).toMatch(/^nats_connected 1$/m);
     expect(text).toMatch(/^nats_reconnects_total 0$/m);

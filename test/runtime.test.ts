@@ -1,4 +1,5 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createConnection } from "node:net";
 import { join, relative } from "node:path";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -258,6 +259,20 @@ export default defineFunction({
     await expect(seat.request("probe.slow", "{}", { timeout: 1000 })).rejects.toThrow(/503|no responders/i);
   });
 
+  it("stops within its grace though an HTTP client never finishes its request", async () => {
+    const dir = functionsFolder({ "echo.ts": ECHO });
+    const set = await start({ config: configFor(dir), stopGraceMs: 500, log: createLogger({ LOG_LEVEL: "silent" }) });
+    const { port } = new URL(set.httpUrl);
+    const socket = createConnection({ host: "127.0.0.1", port: Number(port) });
+    await new Promise((resolve) => socket.once("connect", resolve));
+    socket.write("POST /probe/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
+    const closed = new Promise((resolve) => socket.once("close", resolve));
+    const began = performance.now();
+    await set.stop();
+    expect(performance.now() - began).toBeLessThan(5000);
+    await closed;
+  });
+
   it("runs each scheduled time once across two replicas of the set", async () => {
     const dir = functionsFolder({
       "twice.ts": `${header}
@@ -343,6 +358,7 @@ export default defineFunction({
     probe_tallied_total: { type: "counter", help: "Tallies", labels: ["color"] },
     probe_level: { type: "gauge", help: "Level" },
     probe_collected: { type: "gauge", help: "Read at each scrape", collect: () => { if (++scrapes === 3) throw new Error("no reading"); return scrapes * 10; } },
+    probe_stuck: { type: "gauge", help: "Gives no value the second time", collect: () => (scrapes === 2 ? new Promise<number>(() => {}) : 7) },
   },
   handler: (input, ctx) => {
     ctx.metrics.probe_tallied_total.inc(input.by, { color: input.color });
@@ -366,6 +382,12 @@ export default defineFunction({
       expect(sample(after, "probe_tallied_total", 'color="blue"')).toBe(1);
       expect(sample(after, "probe_level")).toBe(1);
       expect(sample(after, "probe_collected")).toBe(20);
+      // The second scrape's collect of probe_stuck never ended: the scrape answered anyway, with its last value.
+      expect(sample(after, "probe_stuck")).toBe(7);
+      const nan = await request(seat, "probe.tally", { color: "red", by: Number.NaN });
+      expect(nan.errorCode).toBe(400); // JSON has no NaN: it arrives as null
+      const negative = await request(seat, "probe.tally", { color: "red", by: -1 });
+      expect([negative.errorCode, negative.errorText]).toEqual([500, "tally failed: metric probe_tallied_total: inc takes a finite number ≥ 0, not -1"]);
       // A collect that throws: the scrape still answers, and the gauge keeps its last value.
       const failed = await fetch(`${set.httpUrl}/metrics`);
       expect(failed.status).toBe(200);
@@ -385,14 +407,16 @@ export default defineFunction({
         fn("two.ts", `{ probe_total: { type: "gauge", help: "h" } }`),
         fn("own.ts", `{ function_run_seconds_bucket: { type: "counter", help: "h" } }`),
         fn("bad-name.ts", `{ "probe-total": { type: "counter", help: "h" } }`),
-        fn("bad-labels.ts", `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 } }`),
+        fn("bad-labels.ts", `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 }, probe_c: { type: "counter", help: "h", labels: ["a", "a"] } }`),
+        fn("object-name.ts", `{ constructor: { type: "counter", help: "h" } }`),
       ]),
     );
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
     const f = (name: string) => shown(join(dir, name));
     expect((failure as LoadError).problems).toEqual([
-      `${f("bad-labels.ts")}: not a valid function: metrics.probe_a.labels.0: must not start with __ (Prometheus's own); metrics.probe_b.labels: a gauge with collect has no labels (collect gives one value)`,
+      `${f("bad-labels.ts")}: not a valid function: metrics.probe_a.labels.0: must not start with __ (Prometheus's own); metrics.probe_b.labels: a gauge with collect has no labels (collect gives one value); metrics.probe_c.labels: must not name a label twice`,
       `${f("bad-name.ts")}: not a valid function: metrics.probe-total: must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit`,
+      `${f("object-name.ts")}: not a valid function: metrics.constructor: must not start with __ nor be a name every JavaScript object has`,
       `${f("own.ts")}: metrics.function_run_seconds_bucket: the runtime's own metric (or one of its samples)`,
       `metric probe_total is declared more than once: by ${f("one.ts")} and ${f("two.ts")}`,
     ]);
@@ -421,6 +445,29 @@ describe("the config", () => {
     );
     expect(refusal({ buckets: {} })).toBe("wrangler-free.config.ts: seat: Invalid input: expected string, received undefined");
     expect(refusal(base, { HTTP_PORT: "eighty" })).toContain("environment: HTTP_PORT: ");
+  });
+
+  it("takes replicas from the config, a bucket's or stream's own, or NATS_REPLICAS", () => {
+    const config = resolveConfig({ ...base, buckets: { b: { bucket: "b", writtenBy: "seat", replicas: 5 } } }, FILE, { NATS_REPLICAS: "3" });
+    expect([config.replicas, config.buckets.b!.replicas]).toEqual([3, 5]);
+    expect(resolveConfig(base, FILE, {}).replicas).toBe(1);
+    expect(refusal(base, { NATS_REPLICAS: "7" })).toBe("environment: NATS_REPLICAS: Too big: expected number to be <=5");
+  });
+
+  it("refuses to start on a bucket that exists with other settings, saying each difference and leaving it as it is", async () => {
+    const dir = functionsFolder({ "echo.ts": ECHO });
+    const probe = (settings: Record<string, unknown>): Config => ({
+      ...configFor(dir),
+      buckets: { probe: { bucket: "probe_settings", writtenBy: "seat", readBy: [], history: 1, ...settings } },
+    });
+    await (await start({ config: probe({}), log: createLogger({ LOG_LEVEL: "silent" }) })).stop();
+    const failure = await start({ config: probe({ history: 5, maxAgeSeconds: 3600 }), log: createLogger({ LOG_LEVEL: "silent" }) }).catch((e: unknown) => e);
+    expect((failure as Error).message).toBe(
+      "bucket probe_settings exists with other settings than the config: history 1 (the config says 5), maxAgeSeconds none (the config says 3600); " +
+        "it is left as it is: edit it (nats stream edit KV_probe_settings --max-msgs-per-subject 5 --max-age 3600s) or make the config say what it has",
+    );
+    const info = await (await seat.jetstreamManager()).streams.info("KV_probe_settings");
+    expect([info.config.max_msgs_per_subject, info.config.max_age]).toEqual([1, 0]);
   });
 
   it("takes NATS_URL, credentials and HTTP from the environment over the file", () => {

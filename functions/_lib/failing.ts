@@ -289,9 +289,10 @@ export function failingOf(entries: readonly { key: string; value: Uint8Array }[]
   return { failing: failing.sort(byTriple), outOfShape };
 }
 
-/** How many failing triples the failing bucket holds: its live keys in shape (SPEC §5). */
-export async function countFailing(failing: ReadBucket): Promise<number> {
-  return failingOf(await failing.list(">")).failing.length;
+/** How many failing triples the failing bucket holds (its live keys in shape), and how many keys are out of shape (SPEC §5). */
+export async function countFailing(failing: ReadBucket): Promise<{ failing: number; outOfShape: number }> {
+  const found = failingOf(await failing.list(">"));
+  return { failing: found.failing.length, outOfShape: found.outOfShape.length };
 }
 
 /** Bytes kept free in a reply beyond the answer's own JSON. */
