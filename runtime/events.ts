@@ -111,7 +111,7 @@ async function handle(host: Host, fn: LoadedFunction, data: Uint8Array, trigger:
   const reason = outcome.error.message;
   host.metrics.refused.inc({ function: fn.name });
   try {
-    await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() });
+    await host.records.refused(fn.name, { subject: trigger.subject, reason, at: new Date().toISOString() }, trigger.sequence);
     return "refused";
   } catch (err) {
     host.log.error({ function: fn.name, err }, "refused event not counted; it will be delivered again");

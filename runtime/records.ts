@@ -13,8 +13,12 @@ export const CLAIM_DAYS = 1;
 export interface Recorder extends RuntimeRecords {
   /** Records a successful scheduled run of `fn` (key `ran.<fn>`). */
   ran(fn: string, run: Run): Promise<void>;
-  /** Counts one refused event of `fn` (key `refused.<fn>`, compare-and-set, so replicas add up). */
-  refused(fn: string, last: NonNullable<Refused["last"]>): Promise<void>;
+  /**
+   * Counts one refused event of `fn` (key `refused.<fn>`, compare-and-set, so replicas add up).
+   * With the event's stream `sequence`, an event counted already (delivered again) is not
+   * counted twice, among the last {@link RECENT_REFUSALS} counted.
+   */
+  refused(fn: string, last: NonNullable<Refused["last"]>, sequence?: number): Promise<void>;
   /**
    * Claims the run of `fn` scheduled at `scheduledAt` for this replica: `true` when no replica
    * had (a create of `<fn>.<ms>` in the claims bucket), `false` when one had.
@@ -27,7 +31,11 @@ const decoder = new TextDecoder();
 const refusedRecord = z.object({
   count: z.number().int().min(0),
   last: z.object({ subject: z.string(), reason: z.string(), at: z.string() }).optional(),
+  /** Stream sequences of the last refused events counted. */
+  recent: z.array(z.number().int()).optional(),
 });
+/** How many counted refusals' stream sequences a record remembers, to count a redelivery once. */
+export const RECENT_REFUSALS = 256;
 const runRecord = z.object({ at: z.iso.datetime(), trigger: z.enum(["cron", "start"]) });
 
 /** A record's value read with `schema`; `undefined` when it is not that (written by hand, damaged). */
@@ -60,12 +68,16 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
     async ran(fn, run) {
       await bucket.put(`ran.${fn}`, JSON.stringify({ at: run.at.toISOString(), trigger: run.trigger }));
     },
-    async refused(fn, last) {
+    async refused(fn, last, sequence) {
       const key = `refused.${fn}`;
       for (let attempt = 0; ; attempt++) {
         const kept = await bucket.get(key);
-        const count = (kept === null ? 0 : (read(refusedRecord, kept.value)?.count ?? 0)) + 1;
-        const value = JSON.stringify({ count, last });
+        const record = kept === null ? undefined : read(refusedRecord, kept.value);
+        const recent = record?.recent ?? [];
+        if (sequence !== undefined && recent.includes(sequence)) return;
+        const count = (record?.count ?? 0) + 1;
+        const remembered = sequence === undefined ? recent : [...recent, sequence].slice(-RECENT_REFUSALS);
+        const value = JSON.stringify({ count, last, ...(remembered.length > 0 ? { recent: remembered } : {}) });
         try {
           await (kept === null ? bucket.create(key, value) : bucket.update(key, value, kept.revision));
           return;
@@ -83,7 +95,7 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
       const byFunction: Record<string, Refused> = {};
       let count = 0;
       for (const entry of await bucket.list("refused.*")) {
-        const refused = read(refusedRecord, entry.value) ?? { count: 0 };
+        const { recent: _, ...refused } = read(refusedRecord, entry.value) ?? { count: 0 };
         byFunction[entry.key.slice("refused.".length)] = refused;
         count += refused.count;
       }

@@ -111,6 +111,13 @@ describe("event triggers", () => {
       });
       const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "probe-events");
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
+      // A refused event delivered again (its acknowledgement lost) is counted once.
+      const again = { subject: "probe.ev.c", reason: "again", at: new Date().toISOString() };
+      await set.host.records.refused("probe-events", again, 3);
+      await set.host.records.refused("probe-events", again, 3);
+      expect((await set.host.records.refusedEvents()).count).toBe(2);
+      await set.host.records.refused("probe-events", again, 99);
+      expect((await set.host.records.refusedEvents()).count).toBe(3);
       await sleep(1500); // nothing refused comes back
       expect(seen()).toHaveLength(3);
     } finally {

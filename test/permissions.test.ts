@@ -109,6 +109,18 @@ describe("replies", () => {
     }
   });
 
+  it("let an operator holding the seat's credentials describe the service ($SRV.INFO)", async () => {
+    const set = await startSet(bus);
+    try {
+      const seat = await bus.connect();
+      const infos = [];
+      for await (const info of await seat.services.client().info("mesh-provisioner")) infos.push(info);
+      expect(infos.map((i) => i.endpoints.map((e) => e.name).sort())).toEqual([["provisioning", "status"]]);
+    } finally {
+      await set.stop();
+    }
+  });
+
   it("reach only their user: a node cannot listen on the inboxes of others", async () => {
     const alder = await bus.connect("alder");
     const errors: string[] = [];
