@@ -191,7 +191,8 @@ program
     }
     const session = await openSession(cfg, { embedded: "join-or-start", name: `mesh-provisioner invoke ${name}` });
     try {
-      const host = await openHost({ nc: session.nc, config: cfg, log: createLogger() });
+      // stdout is the answer: logs go to stderr.
+      const host = await openHost({ nc: session.nc, config: cfg, log: createLogger(process.env, { to: "stderr" }) });
       console.log(JSON.stringify(await invoke(host, fn, input), null, 2));
     } finally {
       await session.close();
@@ -206,6 +207,9 @@ program
   .option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`)
   .action(async (options: { recover?: boolean }) => {
     const cfg = await config();
+    if (cfg.nats.servers.length > 0) {
+      throw new Error("the demo writes as the embedded nats-server's node and provider users: unset NATS_URL and run it on the embedded default");
+    }
     const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
     const { provider, machine, consumer } = DEMO_FAILING;
     const showStatus = async () => {

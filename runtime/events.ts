@@ -179,6 +179,8 @@ export async function bindEvents(host: Host, functions: readonly LoadedFunction[
       );
       continue;
     }
+    // Counted from 0, so the series is on `GET /metrics` before any refusal.
+    host.metrics.refused.inc({ function: fn.name }, 0);
     const { stream, ackWaitSeconds } = host.config.streams[trigger.stream]!;
     const durable = durableOf(fn, i);
     await bindDurable(jsm, stream, durable, ackWaitSeconds, host.log).catch((err: Error) => {

@@ -32,16 +32,18 @@ const OPTIONS: LoggerOptions = {
 };
 
 /**
- * The process's logger: JSON lines on stdout, readable lines when stdout is a terminal.
+ * The process's logger: JSON lines on stdout (or `to` stderr, for commands whose stdout is their
+ * answer), readable lines on a terminal.
  * `LOG_LEVEL` sets the level (default `info`; `silent` turns logs off); throws naming the levels
  * when it is none of them. A field named like a credential (`password`, `token`, `creds`,
  * `seed`, `authorization`… in any case, at any depth) is written `***`.
  */
-export function createLogger(env: NodeJS.ProcessEnv = process.env): Logger {
+export function createLogger(env: NodeJS.ProcessEnv = process.env, { to = "stdout" }: { to?: "stdout" | "stderr" } = {}): Logger {
   const level = env.LOG_LEVEL ?? "info";
   if (!LEVELS.includes(level)) throw new Error(`LOG_LEVEL: ${JSON.stringify(level)} is not a level (${LEVELS.join(", ")})`);
-  if (process.stdout.isTTY) {
-    return pino({ ...OPTIONS, level, transport: { target: "pino-pretty", options: { translateTime: "SYS:HH:MM:ss" } } });
+  const fd = to === "stdout" ? 1 : 2;
+  if ((to === "stdout" ? process.stdout : process.stderr).isTTY) {
+    return pino({ ...OPTIONS, level, transport: { target: "pino-pretty", options: { translateTime: "SYS:HH:MM:ss", destination: fd } } });
   }
-  return pino({ ...OPTIONS, level });
+  return pino({ ...OPTIONS, level }, pino.destination({ fd, sync: true }));
 }

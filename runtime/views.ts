@@ -251,7 +251,7 @@ export async function openView(
     }
   };
   const timer = setInterval(() => {
-    resync().catch((err: unknown) => log.warn({ bucket, err }, "cannot compare the view with the stream"));
+    resync().catch((err: unknown) => log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream"));
   }, resyncMs);
   timer.unref();
 

@@ -39,6 +39,7 @@ describe("metrics", () => {
     expect(sample("function_run_errors_total", `${verb},code="400"`)).toBe(3);
     expect(sample("function_run_seconds_count", verb)).toBe(6);
     expect(sample("function_runs_total", 'function="registry-compile",trigger="start"')).toBe(1);
+    expect(sample("events_refused_total", 'function="provider-failing"')).toBe(0);
     expect(text).toMatch(/^nats_connected 1$/m);
     expect(text).toMatch(/^nats_reconnects_total 0$/m);
   });
