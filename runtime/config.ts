@@ -11,7 +11,7 @@ const name = z.string().regex(/^[A-Za-z0-9_-]+$/, "must be letters, digits, - or
 const nodeName = z.string().regex(/^[A-Za-z0-9_/=-]+$/, "must be one token (A-Z a-z 0-9 - _ / =)");
 
 /** Copies of a bucket or stream: 1 on one server, 3 (or 5) on a cluster, so that losing one server loses nothing. */
-const replicas = z.number().int().min(1).max(5);
+const replicas = z.union([z.literal(1), z.literal(3), z.literal(5)], "must be 1, 3 or 5");
 
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */

@@ -15,7 +15,7 @@ import type { Logger } from "pino";
 import { parsePayload, triggersOf, type Binding } from "./bind.ts";
 import type { Config } from "./config.ts";
 import type { TriggerInfo } from "./define.ts";
-import type { Host } from "./host.ts";
+import { settingsDiffer, type Host } from "./host.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { subjectMatches } from "./subjects.ts";
 
@@ -52,9 +52,9 @@ export function streamSubjects(functions: readonly LoadedFunction[]): Map<string
  * Asserts the streams that `{ event, stream }` triggers name (`config.streams`): a missing one
  * is created limits-based (file storage, `maxAgeSeconds`, `maxBytes`, the oldest dropped
  * first, `replicas` copies: the stream's, else the config's); an existing one is given the
- * subjects and limits it lacks, never emptied. Throws naming the stream when the server refuses
- * (e.g. subjects another stream already captures), or saying both numbers when the existing
- * one has other replicas.
+ * subjects it lacks, never emptied nor given other limits. Throws naming the stream when the
+ * server refuses (e.g. subjects another stream already captures), or saying each difference
+ * when the existing one has other replicas or limits.
  */
 export async function assertStreams(
   jsm: JetStreamManager,
@@ -64,7 +64,7 @@ export async function assertStreams(
 ): Promise<void> {
   for (const [name, subjects] of streamSubjects(functions)) {
     const { stream, maxAgeSeconds, maxBytes, replicas = config.replicas } = config.streams[name]!;
-    const wanted = { max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };
+    const wanted = { num_replicas: replicas, max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };
     try {
       const info = await jsm.streams.info(stream).catch((err: Error) => {
         if (err.message !== "stream not found") throw err;
@@ -75,20 +75,18 @@ export async function assertStreams(
           retention: RetentionPolicy.Limits,
           storage: StorageType.File,
           discard: DiscardPolicy.Old,
-          num_replicas: replicas,
+          // Publish ids are remembered 2 minutes, never longer than a message is kept.
+          duplicate_window: nanos(Math.min(120, maxAgeSeconds) * 1000),
           ...wanted,
         });
       });
-      if (info.config.num_replicas !== replicas) {
-        throw new Error(
-          `it exists with replicas ${info.config.num_replicas} (the config says ${replicas}); it is left as it is: ` +
-            `edit it (nats stream edit ${stream} --replicas ${replicas}) or make the config say what it has`,
-        );
-      }
+      // Other limits could drop events not handled yet: said, never applied.
+      const differs = settingsDiffer(stream, info.config, { ...wanted, max_msgs_per_subject: info.config.max_msgs_per_subject });
+      if (differs !== undefined) throw new Error(`it exists with other settings than the config: ${differs}`);
       const missing = subjects.filter((s) => !info.config.subjects.includes(s));
-      if (missing.length > 0 || info.config.max_age !== wanted.max_age || info.config.max_bytes !== wanted.max_bytes) {
-        log.info({ stream, missing, ...wanted }, "updating stream");
-        await jsm.streams.update(stream, { ...info.config, subjects: [...info.config.subjects, ...missing], ...wanted });
+      if (missing.length > 0) {
+        log.info({ stream, missing }, "adding subjects to the stream");
+        await jsm.streams.update(stream, { ...info.config, subjects: [...info.config.subjects, ...missing] });
       }
     } catch (err) {
       throw new Error(`cannot assert stream ${stream} (for ${subjects.join(", ")}): ${(err as Error).message}`);
@@ -134,9 +132,12 @@ async function bindDurable(jsm: JetStreamManager, stream: string, durable: strin
     return;
   }
   if (!existing.config.filter_subject) {
+    // Replicas with other configs would change it back and forth: said, never applied.
     if (existing.config.ack_wait !== ackWait) {
-      log.info({ stream, durable, ackWaitSeconds }, "updating the durable consumer's ack wait");
-      await jsm.consumers.update(stream, durable, { ack_wait: ackWait });
+      log.warn(
+        { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
+        `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
+      );
     }
     return;
   }

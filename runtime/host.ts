@@ -1,4 +1,4 @@
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsConnection, type StreamInfo } from "nats";
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KV, type NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "./buckets.ts";
 import type { BucketConfig, Config } from "./config.ts";
@@ -110,13 +110,24 @@ export function settingsDiffer(stream: string, have: BucketSettings, want: Bucke
   return `${said.join(", ")}; it is left as it is: edit it (nats stream edit ${stream} ${keys.map((k) => SETTINGS[k].flag(want[k])).join(" ")}) or make the config say what it has`;
 }
 
+/** Whether a server version (`2.9.10`) is older than `[major, minor, patch]`. */
+function olderThan(version: string, than: readonly [number, number, number]): boolean {
+  const parts = version.split(/[.-]/).slice(0, 3).map(Number);
+  for (let i = 0; i < 3; i++) {
+    const part = parts[i] ?? 0;
+    if (part !== than[i]) return part < than[i]!;
+  }
+  return false;
+}
+
 /**
  * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime` and
  * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), on the connection (SPEC §2): a
  * missing one is created as a JetStream key-value bucket with the config's `history`,
  * `replicas` (the bucket's, else the config's), `maxAgeSeconds` and `maxBytes`, refusing rollup
  * headers (so no writer can erase keys it was not granted); an existing one is never emptied nor
- * changed: when those settings differ, this throws saying each difference; a node-written one
+ * changed: when those settings differ, this throws saying each difference of every bucket, having
+ * created none; a node-written one
  * that still takes rollups gets a warning. Returns the opened buckets by config name (reads go
  * to the stream's leader when it has replicas: a follower may lag); throws naming the bucket
  * when the server refuses.
@@ -124,42 +135,61 @@ export function settingsDiffer(stream: string, have: BucketSettings, want: Bucke
 export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
-  const opened = new Map<string, KV>();
   const all: [string, BucketConfig][] = [
     ...Object.entries(config.buckets),
     [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
     [CLAIMS, { bucket: claimsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1, maxAgeSeconds: CLAIM_DAYS * 86_400 }],
   ];
+  const wanted = ({ history, replicas, maxAgeSeconds, maxBytes }: BucketConfig): BucketSettings => ({
+    num_replicas: replicas ?? config.replicas,
+    max_msgs_per_subject: history,
+    max_age: maxAgeSeconds === undefined ? 0 : nanos(maxAgeSeconds * 1000),
+    max_bytes: maxBytes ?? -1,
+  });
+  // First every bucket as it is: nothing is created while one of them differs from the config.
+  const found = await Promise.all(
+    all.map(async ([, { bucket }]) =>
+      jsm.streams.info(`KV_${bucket}`).catch((err: Error) => {
+        if (err.message === "stream not found") return undefined;
+        throw new Error(`cannot assert bucket ${bucket}: ${err.message}`);
+      }),
+    ),
+  );
+  const differ = all.flatMap(([, settings], i) => {
+    const info = found[i];
+    const said = info && settingsDiffer(`KV_${settings.bucket}`, info.config, wanted(settings));
+    return said ? [`bucket ${settings.bucket} exists with other settings than the config: ${said}`] : [];
+  });
+  if (differ.length > 0) throw new Error(differ.join("\n"));
+
+  const replicated = all.some(([, settings], i) => (found[i]?.config.num_replicas ?? wanted(settings).num_replicas) > 1);
+  if (replicated && olderThan(nc.info?.version ?? "0.0.0", [2, 9, 21])) {
+    log.warn(
+      { server: nc.info?.version },
+      "nats-server before 2.9.21 does not check a replicated bucket's expected revision atomically (nats-server#4320): " +
+        "compare-and-set writes of several replicas of the set may race; run 2.9.21 or later, or one replica of the set",
+    );
+  }
+  const opened = new Map<string, KV>();
   await Promise.all(
-    all.map(async ([name, { bucket, history, writtenBy, replicas, maxAgeSeconds, maxBytes }]) => {
-      const stream = `KV_${bucket}`;
-      const want: BucketSettings = {
-        num_replicas: replicas ?? config.replicas,
-        max_msgs_per_subject: history,
-        max_age: maxAgeSeconds === undefined ? 0 : nanos(maxAgeSeconds * 1000),
-        max_bytes: maxBytes ?? -1,
-      };
-      let info: StreamInfo;
+    all.map(async ([name, settings], i) => {
+      const { bucket, writtenBy } = settings;
+      let info = found[i];
       try {
-        info = await jsm.streams.info(stream).catch((err: Error) => {
-          if (err.message !== "stream not found") throw err;
-          return jsm.streams.add({
-            name: stream,
-            subjects: [`$KV.${bucket}.>`],
-            retention: RetentionPolicy.Limits,
-            storage: StorageType.File,
-            discard: DiscardPolicy.New,
-            allow_direct: true,
-            deny_delete: true,
-            allow_rollup_hdrs: false,
-            ...want,
-          });
+        info ??= await jsm.streams.add({
+          name: `KV_${bucket}`,
+          subjects: [`$KV.${bucket}.>`],
+          retention: RetentionPolicy.Limits,
+          storage: StorageType.File,
+          discard: DiscardPolicy.New,
+          allow_direct: true,
+          deny_delete: true,
+          allow_rollup_hdrs: false,
+          ...wanted(settings),
         });
       } catch (err) {
         throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`);
       }
-      const differs = settingsDiffer(stream, info.config, want);
-      if (differs !== undefined) throw new Error(`bucket ${bucket} exists with other settings than the config: ${differs}`);
       if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
         log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
       }

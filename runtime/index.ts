@@ -6,6 +6,7 @@ export { defineFunction, type Context, type FunctionDefinition, type Trigger, ty
 export { defineConfig, loadConfig, resolveConfig, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
 export { ServiceError, badInput, formatIssues } from "./errors.ts";
 export { JsonText } from "./json.ts";
+export { keyedSerial } from "./serial.ts";
 export { RevisionConflict, type Entry, type KeyRecord, type ListOptions, type ReadBucket, type WriteBucket } from "./buckets.ts";
 export type { ViewBucket } from "./views.ts";
 export { loadFunction, loadFunctions, checkFunctions, LoadError, type LoadedFunction } from "./loader.ts";

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { WriteBucket } from "./buckets.ts";
 import { RevisionConflict } from "./buckets.ts";
+import { keyedSerial } from "./serial.ts";
 import type { Refused, Run, RuntimeRecords } from "./define.ts";
 
 /** The runtime's own bucket of a seat: its records, shared by every replica of the set. */
@@ -55,6 +56,27 @@ function read<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
  * (`<seat>_claims`).
  */
 export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
+  // One count at a time per function: racing compare-and-set writes on a replicated stream may
+  // all succeed on nats-server before 2.9.21 (nats-server#4320).
+  const oneAtATime = keyedSerial();
+  const countRefused = async (fn: string, last: NonNullable<Refused["last"]>, sequence?: number): Promise<void> => {
+    const key = `refused.${fn}`;
+    for (let attempt = 0; ; attempt++) {
+      const kept = await bucket.get(key);
+      const record = kept === null ? undefined : read(refusedRecord, kept.value);
+      const recent = record?.recent ?? [];
+      if (sequence !== undefined && recent.includes(sequence)) return;
+      const count = (record?.count ?? 0) + 1;
+      const remembered = sequence === undefined ? recent : [...recent, sequence].slice(-RECENT_REFUSALS);
+      const value = JSON.stringify({ count, last, ...(remembered.length > 0 ? { recent: remembered } : {}) });
+      try {
+        await (kept === null ? bucket.create(key, value) : bucket.update(key, value, kept.revision));
+        return;
+      } catch (err) {
+        if (!(err instanceof RevisionConflict) || attempt === 20) throw err;
+      }
+    }
+  };
   return {
     async claim(fn, scheduledAt) {
       try {
@@ -68,24 +90,7 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
     async ran(fn, run) {
       await bucket.put(`ran.${fn}`, JSON.stringify({ at: run.at.toISOString(), trigger: run.trigger }));
     },
-    async refused(fn, last, sequence) {
-      const key = `refused.${fn}`;
-      for (let attempt = 0; ; attempt++) {
-        const kept = await bucket.get(key);
-        const record = kept === null ? undefined : read(refusedRecord, kept.value);
-        const recent = record?.recent ?? [];
-        if (sequence !== undefined && recent.includes(sequence)) return;
-        const count = (record?.count ?? 0) + 1;
-        const remembered = sequence === undefined ? recent : [...recent, sequence].slice(-RECENT_REFUSALS);
-        const value = JSON.stringify({ count, last, ...(remembered.length > 0 ? { recent: remembered } : {}) });
-        try {
-          await (kept === null ? bucket.create(key, value) : bucket.update(key, value, kept.revision));
-          return;
-        } catch (err) {
-          if (!(err instanceof RevisionConflict) || attempt === 20) throw err;
-        }
-      }
-    },
+    refused: (fn, last, sequence) => oneAtATime(`refused.${fn}`, () => countRefused(fn, last, sequence)),
     async lastRun(name) {
       const kept = await bucket.get(`ran.${name}`);
       const run = kept === null ? undefined : read(runRecord, kept.value);

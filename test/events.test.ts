@@ -195,4 +195,14 @@ describe("event triggers", () => {
     const failure = await start({ config: { ...probeConfig(), streams: {} } }).catch((e: unknown) => e);
     expect((failure as Error).message).toMatch(/probe-events\.ts: triggers\.0\.stream: no stream "probe" in the config \(it has no streams\)$/);
   });
+
+  it("refuses to start with other limits than its stream has, dropping nothing", async () => {
+    const smaller = { ...probeConfig(), streams: { probe: { ...PROBE_STREAMS.probe, maxBytes: 4096 } } };
+    const failure = await start({ config: smaller }).catch((e: unknown) => e);
+    expect((failure as Error).message).toBe(
+      "cannot assert stream probe_events (for probe.ev.*): it exists with other settings than the config: maxBytes 1048576 (the config says 4096); " +
+        "it is left as it is: edit it (nats stream edit probe_events --max-bytes 4096) or make the config say what it has",
+    );
+    expect((await (await seat.jetstreamManager()).streams.info("probe_events")).config.max_bytes).toBe(1 << 20);
+  });
 });

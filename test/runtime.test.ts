@@ -451,7 +451,7 @@ describe("the config", () => {
     const config = resolveConfig({ ...base, buckets: { b: { bucket: "b", writtenBy: "seat", replicas: 5 } } }, FILE, { NATS_REPLICAS: "3" });
     expect([config.replicas, config.buckets.b!.replicas]).toEqual([3, 5]);
     expect(resolveConfig(base, FILE, {}).replicas).toBe(1);
-    expect(refusal(base, { NATS_REPLICAS: "7" })).toBe("environment: NATS_REPLICAS: Too big: expected number to be <=5");
+    expect(refusal(base, { NATS_REPLICAS: "2" })).toBe("environment: NATS_REPLICAS: must be 1, 3 or 5");
   });
 
   it("refuses to start on a bucket that exists with other settings, saying each difference and leaving it as it is", async () => {
@@ -461,13 +461,18 @@ describe("the config", () => {
       buckets: { probe: { bucket: "probe_settings", writtenBy: "seat", readBy: [], history: 1, ...settings } },
     });
     await (await start({ config: probe({}), log: createLogger({ LOG_LEVEL: "silent" }) })).stop();
-    const failure = await start({ config: probe({ history: 5, maxAgeSeconds: 3600 }), log: createLogger({ LOG_LEVEL: "silent" }) }).catch((e: unknown) => e);
+    const changed = probe({ history: 5, maxAgeSeconds: 3600 });
+    const withNew = { ...changed, buckets: { ...changed.buckets, fresh: { bucket: "probe_fresh", writtenBy: "seat" as const, readBy: [], history: 1 } } };
+    const failure = await start({ config: withNew, log: createLogger({ LOG_LEVEL: "silent" }) }).catch((e: unknown) => e);
     expect((failure as Error).message).toBe(
       "bucket probe_settings exists with other settings than the config: history 1 (the config says 5), maxAgeSeconds none (the config says 3600); " +
         "it is left as it is: edit it (nats stream edit KV_probe_settings --max-msgs-per-subject 5 --max-age 3600s) or make the config say what it has",
     );
-    const info = await (await seat.jetstreamManager()).streams.info("KV_probe_settings");
+    const jsm = await seat.jetstreamManager();
+    const info = await jsm.streams.info("KV_probe_settings");
     expect([info.config.max_msgs_per_subject, info.config.max_age]).toEqual([1, 0]);
+    // Nothing was created either: a refused start leaves the bus as it found it.
+    await expect(jsm.streams.info("KV_probe_fresh")).rejects.toThrow("stream not found");
   });
 
   it("takes NATS_URL, credentials and HTTP from the environment over the file", () => {

@@ -2,6 +2,7 @@ import { z } from "zod";
 import {
   badInput,
   formatIssues,
+  keyedSerial,
   RevisionConflict,
   type KeyRecord,
   type ReadBucket,
@@ -202,6 +203,17 @@ const MAX_ATTEMPTS = 500;
 export async function applyEvent(bucket: WriteBucket, provider: string, event: Event, held: ReadBucket = bucket): Promise<Change> {
   const { machine, consumer } = event.event;
   const key = failingKey(provider, machine, consumer);
+  return oneAtATime(`${bucket.bucket}/${key}`, () => applyTo(bucket, key, event, held));
+}
+
+/**
+ * The events of one triple this process applies go one at a time: nats-server before 2.9.21
+ * does not check a replicated stream's expected revision atomically (nats-server#4320), so
+ * racing compare-and-set writes could all succeed.
+ */
+const oneAtATime = keyedSerial();
+
+async function applyTo(bucket: WriteBucket, key: string, event: Event, held: ReadBucket): Promise<Change> {
   for (let attempt = 0; ; attempt++) {
     const kept = keptOf(await (attempt === 0 ? held : bucket).last(key));
     const { change, write } = decide(kept, event);
