@@ -102,20 +102,23 @@ function byKey(a: Entry, b: Entry): number {
   return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
 }
 
-/** Milliseconds the creation of a watch's consumer is waited for before it is asked again. */
-export const WATCH_CREATE_MS = 2000;
-/** How often a watch's creation is asked before the read fails. */
-const WATCH_ATTEMPTS = 5;
+/**
+ * Milliseconds the creation of a watch's consumer is waited for, ask after ask, before it is
+ * asked again: short first (a server that is down never answers), longer then (a large bucket
+ * takes the server seconds).
+ */
+export const WATCH_WAITS_MS = [2000, 4000, 8000, 8000] as const;
 
 /**
- * `kv.watch(options)`, asked again (up to 5 times, waiting {@link WATCH_CREATE_MS} each) when
- * the server does not answer: nats-server before 2.11 may place the ephemeral consumer of a
- * replicated stream on a server that is down, whose creation then never answers
- * (nats-server#7165). A watch made by a late answer to an abandoned ask is stopped, and its
- * `initializedFn` not called. Throws what the server answers, or when no ask was answered.
+ * `kv.watch(options)`, asked again (waiting {@link WATCH_WAITS_MS}) when the server does not
+ * answer in time: nats-server before 2.11 may place the ephemeral consumer of a replicated
+ * stream on a server that is down, whose creation then never answers (nats-server#7165). A
+ * watch made by a late answer to an abandoned ask is stopped, and its `initializedFn` not
+ * called. Throws what the server answers, or when no ask was answered.
  */
 export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIterator<KvEntry>> {
   for (let attempt = 1; ; attempt++) {
+    const waitMs = WATCH_WAITS_MS[attempt - 1]!;
     let abandoned = false;
     let initialized = false;
     const asked = kv.watch({
@@ -127,8 +130,14 @@ export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIt
       },
     });
     let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<undefined>((resolve) => (timer = setTimeout(resolve, WATCH_CREATE_MS, undefined)));
-    const answer = await Promise.race([asked, late]).finally(() => clearTimeout(timer));
+    const late = new Promise<undefined>((resolve) => (timer = setTimeout(resolve, waitMs, undefined)));
+    // nats.js's own timeout (5 s) is no answer either.
+    const answer = await Promise.race([asked, late])
+      .catch((err: { code?: string }) => {
+        if (err.code !== "TIMEOUT") throw err;
+        return undefined;
+      })
+      .finally(() => clearTimeout(timer));
     // Initialized means the consumer exists: its answer is on its way.
     if (answer !== undefined || initialized) return answer ?? (await asked);
     abandoned = true;
@@ -136,8 +145,9 @@ export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIt
       (watch) => watch.stop(),
       () => {},
     );
-    if (attempt === WATCH_ATTEMPTS) {
-      throw new Error(`no answer from the server to the creation of a watch, ${WATCH_ATTEMPTS} times in ${WATCH_ATTEMPTS * WATCH_CREATE_MS} ms`);
+    if (attempt === WATCH_WAITS_MS.length) {
+      const total = WATCH_WAITS_MS.reduce((a, b) => a + b, 0);
+      throw new Error(`no answer from the server to the creation of a watch, ${WATCH_WAITS_MS.length} times in ${total / 1000} s`);
     }
   }
 }

@@ -337,7 +337,10 @@ export async function openHost({ nc, config, log, clock = { now: () => new Date(
         ctx.log[level]({ code: err.code, refused: message }, "refused");
         return { ok: false, error: { code: err.code, message } };
       }
-      ctx.log.error({ err }, "handler failed");
+      // No responders (503) or no answer: the bus is electing a leader or away; no stack to read.
+      const code = (err as { code?: unknown }).code;
+      if (code === "503" || code === "TIMEOUT") ctx.log.warn({ err: (err as Error).message }, "handler failed: NATS did not answer");
+      else ctx.log.error({ err }, "handler failed");
       return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
     }
   };
