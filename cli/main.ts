@@ -2,22 +2,23 @@ import { writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import {
+  authorization,
   CONFIG_FILE,
+  configPath,
+  createLogger,
   describe,
   invoke,
   loadConfig,
   loadFunctions,
-  openHost,
+  openRunner,
   openSession,
   ServiceError,
   start,
+  startCluster,
+  STOP_GRACE_MS,
+  toConf,
   type Running,
 } from "../runtime/index.ts";
-import { createLogger } from "../runtime/log.ts";
-import { STOP_GRACE_MS } from "../runtime/bind.ts";
-import { startCluster } from "../runtime/cluster.ts";
-import { configPath } from "../runtime/config.ts";
-import { authorization, toConf } from "../runtime/permissions.ts";
 import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
 import { askStatus, formatStatus } from "./status.ts";
@@ -189,11 +190,15 @@ program
     if (fn === undefined) {
       throw new Error(`no function ${name}; there are: ${functions.map((f) => f.name).join(", ")}`);
     }
-    const session = await openSession(cfg, { embedded: "join-or-start", name: `mesh-provisioner invoke ${name}` });
+    const session = await openSession(cfg, {
+      embedded: "join-or-start",
+      name: `mesh-provisioner invoke ${name}`,
+      users: authorization(cfg, functions, cfg.embedded),
+    });
     try {
       // stdout is the answer: logs go to stderr.
-      const host = await openHost({ nc: session.nc, config: cfg, log: createLogger(process.env, { to: "stderr" }) });
-      console.log(JSON.stringify(await invoke(host, fn, input), null, 2));
+      const runner = await openRunner({ nc: session.nc, config: cfg, log: createLogger(process.env, { to: "stderr" }) });
+      console.log(JSON.stringify(await invoke(runner, fn, input), null, 2));
     } finally {
       await session.close();
     }

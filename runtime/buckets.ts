@@ -1,74 +1,11 @@
-import { headers, type JetStreamClient, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
-
-/** One live key of a bucket: its value as stored, its revision (stream sequence) and write time. */
-export interface Entry {
-  readonly key: string;
-  readonly value: Uint8Array;
-  readonly revision: number;
-  readonly created: Date;
-}
-
 /**
- * The last record of a key: a live value, or a delete marker (`deleted`), whose value is what
- * the delete left in it ({@link WriteBucket.delete} with `value`), empty otherwise.
+ * Bucket handles over nats.js's key-value API: reads that list a bucket with one ordered consumer
+ * per filter (asked again when the server does not answer), and compare-and-set writes whose
+ * lost race is a `RevisionConflict`. The storage layer's lowest part (docs/runtime.md §6).
  */
-export interface KeyRecord extends Entry {
-  readonly deleted: boolean;
-}
-
-/** Which part of a listing to return: the keys after `after` (in key order), at most `limit` of them. */
-export interface ListOptions {
-  readonly after?: string;
-  readonly limit?: number;
-}
-
-/** A bucket a function declared under `access.reads`: it can be read, never written. */
-export interface ReadBucket {
-  /** The JetStream key-value bucket behind the handle. */
-  readonly bucket: string;
-  /** The live value of `key`, or `null` when the key is missing or deleted. */
-  get(key: string): Promise<Entry | null>;
-  /**
-   * Every live key matching any of `filters` (NATS subject wildcards `*` and `>`), in key order,
-   * narrowed by `options`. The read reflects every write acknowledged before it.
-   */
-  list(filters: string | readonly string[], options?: ListOptions): Promise<Entry[]>;
-  /** The last record of `key`, a delete marker included; `null` when the key was never written. */
-  last(key: string): Promise<KeyRecord | null>;
-  /** Like {@link list}, with the delete markers of deleted keys too. */
-  records(filters: string | readonly string[], options?: ListOptions): Promise<KeyRecord[]>;
-}
-
-/** A bucket a function declared under `access.writes`. Writes return the new revision. */
-export interface WriteBucket extends ReadBucket {
-  /** Writes `key` only if it has no live value. Throws {@link RevisionConflict} otherwise. */
-  create(key: string, value: Uint8Array | string): Promise<number>;
-  /**
-   * Writes `key` only if its last record (a delete marker included) is still at `revision`;
-   * 0 means the key was never written. Throws {@link RevisionConflict}.
-   */
-  update(key: string, value: Uint8Array | string, revision: number): Promise<number>;
-  /** Writes `key` unconditionally. */
-  put(key: string, value: Uint8Array | string): Promise<number>;
-  /**
-   * Deletes `key`. With `revision`, only if that is still its last record's revision (0: the
-   * key was never written), else throws {@link RevisionConflict}. With `value`, the delete
-   * marker keeps it, for {@link ReadBucket.last} and {@link ReadBucket.records} to read back;
-   * readers of live keys see the key gone either way.
-   */
-  delete(key: string, options?: { revision?: number; value?: Uint8Array | string }): Promise<number>;
-}
-
-/** A compare-and-set write lost: the key changed since the revision it was based on. */
-export class RevisionConflict extends Error {
-  override readonly name = "RevisionConflict";
-  constructor(
-    readonly bucket: string,
-    readonly key: string,
-  ) {
-    super(`${bucket}: ${key} changed since it was read`);
-  }
-}
+import { headers, type JetStreamClient, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
+import { RevisionConflict } from "./errors.ts";
+import type { Entry, KeyRecord, ListOptions, ReadBucket, WriteBucket } from "./types.ts";
 
 const WRONG_LAST_SEQUENCE = 10071;
 
@@ -211,7 +148,7 @@ export function writeBucket(kv: KV, js: JetStreamClient, bucket: string): WriteB
       return await write();
     } catch (err) {
       const code = (err as { api_error?: { err_code?: number } }).api_error?.err_code;
-      if (code === WRONG_LAST_SEQUENCE) throw new RevisionConflict(bucket, key);
+      if (code === WRONG_LAST_SEQUENCE) throw new RevisionConflict(bucket, key, { cause: err });
       throw err;
     }
   };

@@ -1,14 +1,18 @@
+/**
+ * A local NATS cluster with JetStream on loopback ports (`npm run cluster`, and the cluster tests):
+ * its servers routed to each other, each with its own store, all with the users given; a server
+ * can be killed and started again on the same ports and store (docs/runtime.md §6).
+ */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { userPasswords, type Credentials } from "./embedded.ts";
 import { freePort, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
-import type { AuthorizedUser } from "./permissions.ts";
+import { authorizationBlock, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface ClusterOptions {
   /** The cluster's folder: `users.json`, and per server `<n>/` with its conf and store. */
   readonly stateDir: string;
-  /** The users and their permissions ({@link authorization}); the first is the seat. */
+  /** The users and their permissions; the first is the seat. */
   readonly users: readonly AuthorizedUser[];
   /** How many servers: 3 by default (JetStream's replicas 3 need three). */
   readonly size?: number;
@@ -64,7 +68,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const names = options.users.map((u) => u.user);
   const passwords = userPasswords(stateDir, names);
-  const authorization = { users: options.users.map(({ user, permissions }) => ({ user, password: passwords[user], permissions })) };
+  const authorization = authorizationBlock(options.users, passwords);
   const ports = await Promise.all(
     Array.from({ length: size }, async () => ({ client: await freePort(), route: await freePort(), monitor: await freePort() })),
   );

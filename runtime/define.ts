@@ -1,144 +1,14 @@
+/**
+ * How a function is defined: the object a function file default-exports ({@link defineFunction}),
+ * the schema the loader checks it with, and the function as loaded. The contract between a
+ * function's author and the runtime (docs/runtime.md §6.1).
+ */
 import { z } from "zod";
-import type { Logger } from "pino";
-import type { ReadBucket, WriteBucket } from "./buckets.ts";
-import type { ViewBucket } from "./views.ts";
+import { RESERVED, reserved, SUBJECT_PATTERN } from "./subjects.ts";
+import { KINDS, kindOf, type Trigger } from "./triggers/index.ts";
+import type { Context, MetricDeclaration } from "./types.ts";
 
-/** HTTP methods a function can be bound to. */
-export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
-export type HttpMethod = (typeof HTTP_METHODS)[number];
-
-/**
- * What makes a function run (SPEC §6):
- * - `{ subject }`: request/reply on a NATS subject, in the seat's queue group;
- * - `{ event, stream? }`: messages on a subject (wildcards allowed). With `stream` (a name in
- *   the config's `streams`), through a durable consumer of that stream: nothing published
- *   while the set is down is lost, up to 64 messages are handled at once in no set order (keep
- *   state with compare-and-set writes), a message is acknowledged once its handler returned, a
- *   handler's fault is redelivered with backoff, a refused message is acknowledged and counted.
- *   Without, a plain subscription in the seat's queue group;
- * - `{ cron, onStart? }`: a cron schedule (5 or 6 fields), and once at start when `onStart`;
- * - `{ http: "METHOD /path" }`: a route of the HTTP server.
- */
-export type Trigger =
-  | { readonly subject: string }
-  | { readonly event: string; readonly stream?: string }
-  | { readonly cron: string; readonly onStart?: boolean }
-  | { readonly http: `${HttpMethod} /${string}` };
-
-/** What triggered one run, as the handler sees it in `ctx.trigger`. */
-export type TriggerInfo =
-  | { readonly kind: "subject"; readonly subject: string }
-  | {
-      readonly kind: "event";
-      readonly subject: string;
-      /** With a stream: its name, the message's stream sequence and how often it was delivered. */
-      readonly stream?: string;
-      readonly sequence?: number;
-      readonly deliveries?: number;
-    }
-  | { readonly kind: "http"; readonly method: string; readonly path: string }
-  | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
-  | { readonly kind: "start" }
-  | { readonly kind: "invoke" }
-  /** A gauge's `collect`, when `GET /metrics` is scraped. */
-  | { readonly kind: "scrape" };
-
-/** The clock a function reads time from; tests may hand in their own. */
-export interface Clock {
-  now(): Date;
-}
-
-/** Label values of one sample, by label name; only the labels the metric declared. */
-export type Labels = Readonly<Record<string, string | number>>;
-
-/** A counter a function declared: it only goes up. */
-export interface CounterMetric {
-  /** Adds `value` (default 1, never negative) to the sample of `labels`. */
-  inc(value?: number, labels?: Labels): void;
-}
-
-/** A gauge a function declared: a value that goes up and down. */
-export interface GaugeMetric {
-  set(value: number, labels?: Labels): void;
-  inc(value?: number, labels?: Labels): void;
-  dec(value?: number, labels?: Labels): void;
-}
-
-/**
- * A metric a function declares, served on `GET /metrics` beside the runtime's: a Prometheus
- * name (`[a-zA-Z_:][a-zA-Z0-9_:]*`, once in the whole set), its help text and label names. A
- * gauge's `collect` is called at every scrape (trigger `scrape`, same `ctx` as the handler) and
- * the gauge is then its answer; a throw keeps the previous value and logs a warning.
- */
-export type MetricDeclaration<Ctx = never> =
-  | { readonly type: "counter"; readonly help: string; readonly labels?: readonly string[] }
-  | {
-      readonly type: "gauge";
-      readonly help: string;
-      readonly labels?: readonly string[];
-      readonly collect?: (ctx: Ctx) => number | Promise<number>;
-    };
-
-/** The handle `ctx.metrics` holds for each declared metric, by the metric's type. */
-export type MetricHandles<Declared> = {
-  readonly [M in keyof Declared]: Declared[M] extends "counter" ? CounterMetric : GaugeMetric;
-};
-
-/** Everything a handler gets besides its input: only what its definition declared. */
-export interface Context<
-  Reads extends string = never,
-  Writes extends string = never,
-  Config = unknown,
-  Views extends string = never,
-  Declared extends Record<string, "counter" | "gauge"> = {},
-> {
-  /** The function's name: its file name without `.ts`. */
-  readonly function: string;
-  readonly trigger: TriggerInfo;
-  /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
-  readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
-  /**
-   * A live view per bucket of `access.views`: the same reads as a {@link ReadBucket}, answered
-   * from the function set's memory instead of by the server, as fresh (every write acknowledged
-   * before the read is in it) at a cost that follows the answer, not the bucket.
-   */
-  readonly views: { readonly [B in Views]: ViewBucket };
-  /** A handle per metric of the definition's `metrics`. */
-  readonly metrics: MetricHandles<Declared>;
-  readonly log: Logger;
-  /** The part of the deployment's config the function's `config` schema asked for, parsed. */
-  readonly config: Config;
-  readonly clock: Clock;
-  /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
-  readonly limits: { readonly maxPayload: number };
-  /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
-  readonly runtime: RuntimeRecords;
-  /**
-   * Publishes on the shared connection (core NATS, no acknowledgement). Throws an
-   * `AccessError` unless `subject` matches one of the definition's `access.publishes`.
-   */
-  publish(subject: string, data?: Uint8Array | string): void;
-}
-
-/** A function's last successful scheduled run (cron or start). */
-export interface Run {
-  readonly at: Date;
-  readonly trigger: "cron" | "start";
-}
-
-/** Events refused by one function: how many, and the last one. */
-export interface Refused {
-  readonly count: number;
-  readonly last?: { readonly subject: string; readonly reason: string; readonly at: string };
-}
-
-/** The runtime's records, kept in its own bucket `<seat>_runtime`, shared by every replica. */
-export interface RuntimeRecords {
-  /** The last successful scheduled run of the function named `name`, or `null` if none. */
-  lastRun(name: string): Promise<Run | null>;
-  /** Events refused (not JSON, or refused by the input schema or the handler), by function. */
-  refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, Refused>> }>;
-}
+export type { Trigger };
 
 /** The object a function file default-exports, made with {@link defineFunction}. */
 export interface FunctionDefinition<
@@ -202,6 +72,20 @@ export function defineFunction<
   return definition;
 }
 
+
+/** A function file that passed its checks: its name is the file name without `.ts`. */
+export interface LoadedFunction {
+  readonly name: string;
+  readonly file: string;
+  readonly definition: FunctionDefinition;
+  /** The definition's description, output schema and triggers, as trigger kinds see them. */
+  readonly description: string;
+  readonly output?: z.ZodType;
+  readonly triggers: readonly Trigger[];
+  /** The input schema; a strict empty object when the definition has none. */
+  readonly input: z.ZodType;
+}
+
 const zodSchema = z.custom<z.ZodType>(
   (value) => value instanceof z.ZodType,
   "must be a zod schema",
@@ -211,48 +95,6 @@ const zodObject = z.custom<z.ZodObject>(
   "must be a zod object schema (z.object)",
 );
 const bucketNames = z.array(z.string().min(1)).readonly();
-
-/**
- * Whether a subject (or pattern) starts in a space of the server or of replies: `$JS`, `$KV`,
- * `$SYS`, `$SRV`… or `_INBOX`. A function binding or publishing there would carry the seat's
- * rights to what its declarations do not name.
- */
-const reserved = (subject: string) => {
-  const first = subject.split(".")[0]!;
-  return first.startsWith("$") || first.startsWith("_INBOX");
-};
-const RESERVED = "must not start with $ (the server's subjects) or _INBOX (replies)";
-
-const subjectTrigger = z.strictObject({
-  subject: z
-    .string()
-    .regex(/^[^\s.*>]+(\.[^\s.*>]+)*$/, "must be a NATS subject without wildcards or spaces")
-    .refine((s) => !reserved(s), RESERVED),
-});
-/** A subject, or a pattern of one: tokens or `*`, a final `>`; no spaces. */
-const SUBJECT_PATTERN = /^([^\s.*>]+|\*)(\.([^\s.*>]+|\*))*(\.>)?$|^>$/;
-
-const eventTrigger = z.strictObject({
-  event: z
-    .string()
-    .regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces")
-    .refine((s) => !s.startsWith(">"), "must not be > alone: that is every message of the bus")
-    .refine(
-      (s) => s.startsWith(">") || s.split(".").some((t) => t !== "*" && t !== ">"),
-      "must hold a token besides wildcards: `*.>` is nearly every message of the bus, the server's own among them",
-    )
-    .refine((s) => !reserved(s), RESERVED),
-  stream: z.string().min(1).optional(),
-});
-const cronTrigger = z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() });
-const httpTrigger = z.strictObject({
-  http: z
-    .string()
-    .regex(
-      new RegExp(`^(${HTTP_METHODS.join("|")}) /\\S*$`),
-      `must be "METHOD /path" with METHOD one of ${HTTP_METHODS.join(", ")}`,
-    ),
-});
 
 const labelNames = z
   .array(z.string().regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, "must be a Prometheus label name").refine((l) => !l.startsWith("__"), "must not start with __ (Prometheus's own)"))
@@ -271,20 +113,19 @@ const metricDeclaration = z.discriminatedUnion("type", [
 /** A Prometheus metric name. */
 export const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
 
-/** How the loader checks a default export before binding it (SPEC §6). */
+/** How the loader checks a default export before binding it (docs/runtime.md §6.1). */
 export const definitionSchema = z.strictObject({
   description: z.string().min(1, "must say what the function does"),
   triggers: z
     .array(
       z.unknown().superRefine((value, ctx) => {
         // The trigger's kind is its key: its own schema then says what is wrong with it.
-        const kind = ["subject", "event", "cron", "http"].find((k) => typeof value === "object" && value !== null && k in value);
-        const schema = { subject: subjectTrigger, event: eventTrigger, cron: cronTrigger, http: httpTrigger }[kind ?? ""];
-        if (schema === undefined) {
-          ctx.addIssue({ code: "custom", message: 'must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }' });
+        const kind = typeof value === "object" && value !== null ? kindOf(value) : undefined;
+        if (kind === undefined) {
+          ctx.addIssue({ code: "custom", message: `must be one of ${KINDS.map((k) => k.shape).join(", ")}` });
           return;
         }
-        for (const issue of schema.safeParse(value).error?.issues ?? []) ctx.addIssue(issue as never);
+        for (const issue of kind.schema.safeParse(value).error?.issues ?? []) ctx.addIssue(issue as never);
       }),
     )
     .min(1, "a function needs at least one trigger"),

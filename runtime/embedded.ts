@@ -1,20 +1,18 @@
-import { randomBytes } from "node:crypto";
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+/**
+ * The embedded default's nats-server: one per state folder, started with JetStream and the users
+ * given, found again by the CLI from another process through `<stateDir>/embedded.json`, and a
+ * server left by a killed process stopped at the next start (docs/runtime.md §6).
+ */
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
-import type { AuthorizedUser } from "./permissions.ts";
-
-/** A user of the embedded server. */
-export interface Credentials {
-  readonly user: string;
-  readonly password: string;
-}
+import { authorizationBlock, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface EmbeddedOptions {
   /** The state folder: holds the store (`jetstream/`), `users.json`, the server's conf and pid. */
   readonly stateDir: string;
-  /** The users and their permissions ({@link authorization}); the first is the seat. */
+  /** The users and their permissions; the first is the seat. */
   readonly users: readonly AuthorizedUser[];
   /** The server's `max_payload` in bytes (nats-server's default is 1 MiB). */
   readonly maxPayload?: number;
@@ -52,17 +50,6 @@ const isNatsServer = (pid: number) => {
     return false;
   }
 };
-
-/** Reads the users file of the state folder, adding a generated password for any user missing. */
-export function userPasswords(stateDir: string, names: readonly string[]): Record<string, string> {
-  const file = join(stateDir, "users.json");
-  const known: Record<string, string> = existsSync(file) ? JSON.parse(readFileSync(file, "utf8")) : {};
-  const all = Object.fromEntries(names.map((n) => [n, known[n] ?? randomBytes(18).toString("base64url")]));
-  writeFileSync(file, JSON.stringify({ ...known, ...all }, null, 2), { mode: 0o600 });
-  chmodSync(file, 0o600); // `mode` applies to a new file only
-
-  return all;
-}
 
 /**
  * Clears what a previous run left: a server whose owner process is gone is stopped. Throws when
@@ -105,9 +92,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     server_name: `${seat}-embedded`,
     jetstream: { store_dir: join(stateDir, "jetstream") },
     ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
-    authorization: {
-      users: options.users.map(({ user, permissions }) => ({ user, password: passwords[user], permissions })),
-    },
+    authorization: authorizationBlock(options.users, passwords),
   };
   const server = await spawnNatsServer({ conf, confFile: join(stateDir, "nats-server.conf"), port: options.port });
   const marker: Marker = { url: server.url, pid: server.pid, owner: process.pid };

@@ -1,18 +1,18 @@
+/**
+ * The runtime's errors and how a refusal is said: the service error a handler throws on purpose
+ * (nats.js's own, so the side that asks reads it back with `ServiceError.toServiceError`), the
+ * access error of a function using what it did not declare, the lost compare-and-set, and the
+ * one-line texts of refusals. A leaf: it imports nothing of the runtime.
+ */
+import { ServiceError } from "nats";
 import type { z } from "zod";
 
 /**
- * An error a handler throws on purpose: `code` is the NATS service error code (and HTTP status)
- * of the refusal, `message` is what the caller is told. 400 is bad input, 500 a fault (SPEC §4).
+ * An error a handler throws on purpose: nats.js's `ServiceError`, `code` the NATS service error
+ * code (and HTTP status) of the refusal, `message` what the caller is told. 400 is bad input,
+ * 500 a fault (SPEC §4). A client reads one back from a reply with `ServiceError.toServiceError(msg)`.
  */
-export class ServiceError extends Error {
-  override readonly name = "ServiceError";
-  constructor(
-    readonly code: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
+export { ServiceError };
 
 /** A 400 refusal: the caller sent something this function does not take. */
 export function badInput(message: string): ServiceError {
@@ -65,4 +65,16 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
  */
 export class AccessError extends Error {
   override readonly name = "AccessError";
+}
+
+/** A compare-and-set write lost: the key changed since the revision it was based on. */
+export class RevisionConflict extends Error {
+  override readonly name = "RevisionConflict";
+  constructor(
+    readonly bucket: string,
+    readonly key: string,
+    options?: ErrorOptions,
+  ) {
+    super(`${bucket}: ${key} changed since it was read`, options);
+  }
 }

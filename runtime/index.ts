@@ -1,16 +1,36 @@
 /**
- * The runtime of the function set: define functions and the config, load, start, invoke.
- * Generic: it knows buckets, subjects, cron and routes, nothing of what the functions do.
+ * The runtime of the function set: define functions and the config, load, start, invoke, and
+ * what the command line needs (sessions, users and permissions, the local cluster). Generic: it
+ * knows buckets, subjects, cron and routes, nothing of what the functions do. Function files and
+ * the command line import the runtime from here only (docs/runtime.md §6).
  */
-export { defineFunction, type Context, type FunctionDefinition, type Trigger, type TriggerInfo, type Clock, type RuntimeRecords, type Run, type Refused } from "./define.ts";
-export { defineConfig, loadConfig, resolveConfig, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
-export { ServiceError, badInput, formatIssues } from "./errors.ts";
+export { defineFunction, type FunctionDefinition, type LoadedFunction, type Trigger } from "./define.ts";
+export type {
+  AnyContext,
+  Clock,
+  Context,
+  Entry,
+  KeyRecord,
+  ListOptions,
+  Outcome,
+  ReadBucket,
+  RefusedEvents,
+  Run,
+  RuntimeRecords,
+  TriggerInfo,
+  ViewBucket,
+  WriteBucket,
+} from "./types.ts";
+export { defineConfig, loadConfig, resolveConfig, configPath, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
+export { ServiceError, RevisionConflict, badInput, formatIssues } from "./errors.ts";
 export { JsonText } from "./json.ts";
 export { keyedSerial } from "./serial.ts";
-export { RevisionConflict, type Entry, type KeyRecord, type ListOptions, type ReadBucket, type WriteBucket } from "./buckets.ts";
-export type { ViewBucket } from "./views.ts";
-export { loadFunction, loadFunctions, checkFunctions, LoadError, type LoadedFunction } from "./loader.ts";
-export { openHost, invoke, type Host, type Outcome } from "./host.ts";
+export { createLogger } from "./log.ts";
+export { loadFunction, loadFunctions, checkFunctions, LoadError } from "./loader.ts";
+export { openRunner, invoke, type Runner } from "./runner.ts";
 export { openSession, type Session } from "./session.ts";
-export { start, describe, type Running } from "./start.ts";
+export { authorization } from "./permissions.ts";
+export { toConf, type AuthorizedUser } from "./users.ts";
+export { startCluster } from "./cluster.ts";
+export { start, describe, STOP_GRACE_MS, type Running } from "./start.ts";
 export { NatsServerMissing } from "./nats-server.ts";

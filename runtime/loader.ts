@@ -1,25 +1,18 @@
+/**
+ * Discovery as data: scanning the functions folder, loading each file and checking its default
+ * export and each trigger's kind, then checking the set against itself and the config, so that
+ * start refuses with every problem named, file by file (docs/runtime.md §6.1).
+ */
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { basename, join, relative } from "node:path";
 import { pathToFileURL } from "node:url";
-import { Cron } from "croner";
 import { z } from "zod";
 import { configPath, configSchema, type Config } from "./config.ts";
-import { definitionSchema, type FunctionDefinition, type Trigger } from "./define.ts";
+import { definitionSchema, type FunctionDefinition, type LoadedFunction } from "./define.ts";
 import { formatIssues } from "./errors.ts";
 import { isRuntimeMetric } from "./metrics.ts";
-
-/** A function file that passed its checks: its name is the file name without `.ts`. */
-
-/** HTTP paths the runtime answers itself: health, readiness and metrics. */
-export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
-
-export interface LoadedFunction {
-  readonly name: string;
-  readonly file: string;
-  readonly definition: FunctionDefinition;
-  /** The input schema; a strict empty object when the definition has none. */
-  readonly input: z.ZodType;
-}
+import { kindOf } from "./triggers/index.ts";
+import type { Problem } from "./triggers/kind.ts";
 
 /** Start cannot go on: `problems` holds one sentence per file or field at fault. */
 export class LoadError extends Error {
@@ -68,28 +61,14 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   }
   const definition = module.default as FunctionDefinition;
   const input = definition.input ?? z.strictObject({});
-  const problems: string[] = [];
-  definition.triggers.forEach((trigger, i) => {
-    if (!("cron" in trigger)) return;
-    try {
-      new Cron(trigger.cron, { paused: true }).stop();
-    } catch (err) {
-      problems.push(`${shown(file)}: triggers.${i}.cron: ${(err as Error).message}`);
-    }
-    if (!input.safeParse({}).success) {
-      problems.push(`${shown(file)}: triggers.${i}: a cron run's input is {}, which the input schema refuses`);
-    }
-  });
+  const problems = definition.triggers.flatMap((trigger, i) => said(file, i, kindOf(trigger)!.checkFile?.(trigger as never, { input }) ?? []));
   if (problems.length > 0) throw new LoadError(problems);
-  return { name, file, definition, input };
+  return { name, file, definition, description: definition.description, output: definition.output, triggers: definition.triggers, input };
 }
 
-/** The key two functions may not share: a subject or an HTTP route. */
-function bindingOf(trigger: Trigger): string | undefined {
-  if ("subject" in trigger) return `subject ${trigger.subject}`;
-  if ("http" in trigger) return `route ${trigger.http}`;
-  return undefined;
-}
+/** A trigger's problems as the loader says them: `<file>: triggers.<i>[.<field>]: <message>`. */
+const said = (file: string, i: number, problems: readonly Problem[]) =>
+  problems.map(({ at, message }) => `${shown(file)}: triggers.${i}${at === undefined ? "" : `.${at}`}: ${message}`);
 
 /**
  * Checks a loaded function set against itself and the config: no subject, route or metric
@@ -103,7 +82,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   const bound = new Map<string, string[]>();
   for (const fn of functions) {
     for (const trigger of fn.definition.triggers) {
-      const key = bindingOf(trigger);
+      const key = kindOf(trigger)!.exclusive?.(trigger as never);
       if (key !== undefined) bound.set(key, [...(bound.get(key) ?? []), shown(fn.file)]);
     }
   }
@@ -122,20 +101,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   }
 
   for (const fn of functions) {
-    fn.definition.triggers.forEach((trigger, i) => {
-      const path = "http" in trigger ? trigger.http.split(" ")[1] : undefined;
-      if (path !== undefined && RUNTIME_PATHS.includes(path)) {
-        problems.push(`${shown(fn.file)}: triggers.${i}.http: ${path} is the runtime's own (${RUNTIME_PATHS.join(", ")})`);
-      }
-    });
-    fn.definition.triggers.forEach((trigger, i) => {
-      if (!("event" in trigger) || trigger.stream === undefined || trigger.stream in config.streams) return;
-      const known = Object.keys(config.streams);
-      problems.push(
-        `${shown(fn.file)}: triggers.${i}.stream: no stream "${trigger.stream}" in the config` +
-          (known.length > 0 ? ` (it has ${known.join(", ")})` : " (it has no streams)"),
-      );
-    });
+    fn.definition.triggers.forEach((trigger, i) => problems.push(...said(fn.file, i, kindOf(trigger)!.checkConfig?.(trigger as never, config) ?? [])));
   }
 
   const buckets = Object.keys(config.buckets);

@@ -1,6 +1,11 @@
+/**
+ * The runtime's Prometheus metrics (runs, errors and durations by function and trigger, refused
+ * events, the NATS connection) and the metrics functions declare, in one registry served on
+ * `GET /metrics` (docs/runtime.md §6.8).
+ */
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Logger } from "pino";
-import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration } from "./define.ts";
+import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration } from "./types.ts";
 
 /** The runtime's Prometheus metrics, in a registry of their own (served on `GET /metrics`). */
 export interface Metrics {

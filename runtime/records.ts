@@ -1,8 +1,12 @@
+/**
+ * The runtime's records in its own buckets: the last scheduled run of each function and the
+ * events each refused (`<seat>_runtime`), and the claims of scheduled runs (`<seat>_claims`),
+ * all shared by every replica of the set (docs/runtime.md §6).
+ */
 import { z } from "zod";
-import type { WriteBucket } from "./buckets.ts";
-import { RevisionConflict } from "./buckets.ts";
+import { RevisionConflict } from "./errors.ts";
 import { keyedSerial } from "./serial.ts";
-import type { Refused, Run, RuntimeRecords } from "./define.ts";
+import type { RefusedEvents, Run, RuntimeRecords, WriteBucket } from "./types.ts";
 
 /** The runtime's own bucket of a seat: its records, shared by every replica of the set. */
 export const recordsBucket = (seat: string): string => `${seat}_runtime`;
@@ -19,7 +23,7 @@ export interface Recorder extends RuntimeRecords {
    * With the event's stream `sequence`, an event counted already (delivered again) is not
    * counted twice, among the last {@link RECENT_REFUSALS} counted.
    */
-  refused(fn: string, last: NonNullable<Refused["last"]>, sequence?: number): Promise<void>;
+  refused(fn: string, last: NonNullable<RefusedEvents["last"]>, sequence?: number): Promise<void>;
   /**
    * Claims the run of `fn` scheduled at `scheduledAt` for this replica: `true` when no replica
    * had (a create of `<fn>.<ms>` in the claims bucket), `false` when one had.
@@ -59,7 +63,7 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
   // One count at a time per function: racing compare-and-set writes on a replicated stream may
   // all succeed on nats-server before 2.9.21 (nats-server#4320).
   const oneAtATime = keyedSerial();
-  const countRefused = async (fn: string, last: NonNullable<Refused["last"]>, sequence?: number): Promise<void> => {
+  const countRefused = async (fn: string, last: NonNullable<RefusedEvents["last"]>, sequence?: number): Promise<void> => {
     const key = `refused.${fn}`;
     for (let attempt = 0; ; attempt++) {
       const kept = await bucket.get(key);
@@ -97,7 +101,7 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
       return run === undefined ? null : { at: new Date(run.at), trigger: run.trigger };
     },
     async refusedEvents() {
-      const byFunction: Record<string, Refused> = {};
+      const byFunction: Record<string, RefusedEvents> = {};
       let count = 0;
       for (const entry of await bucket.list("refused.*")) {
         const { recent: _, ...refused } = read(refusedRecord, entry.value) ?? { count: 0 };

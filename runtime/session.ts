@@ -1,9 +1,14 @@
+/**
+ * The connection to the bus: the configured servers with the seat's credentials (a creds file, an
+ * nkey seed, a user and password, a token, or those written in a URL; TLS files), or the
+ * embedded server of the state folder, found running or started with the users given. Secrets
+ * are read only from files their owner alone may read, and never shown (docs/runtime.md §6.10).
+ */
 import { readFileSync, statSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from "nats";
 import { configPath, type Config } from "./config.ts";
-import { findEmbedded, startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
-import { loadFunctions, type LoadedFunction } from "./loader.ts";
-import { authorization, inboxOf } from "./permissions.ts";
+import { findEmbedded, startEmbedded, type EmbeddedServer } from "./embedded.ts";
+import { inboxOf, type AuthorizedUser, type Credentials } from "./users.ts";
 
 /** A connection to the bus, and the embedded server behind it when this process started one. */
 export interface Session {
@@ -146,7 +151,7 @@ export async function connectTo(servers: readonly string[], options: Partial<Con
         : code === "TIMEOUT"
           ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
           : message;
-    throw new Error(`cannot connect to ${servers.map(withoutPassword).join(", ")}: ${reason}`);
+    throw new Error(`cannot connect to ${servers.map(withoutPassword).join(", ")}: ${reason}`, { cause: err });
   }
 }
 
@@ -167,15 +172,18 @@ export interface SessionOptions {
   readonly name?: string;
   /** The embedded server's `max_payload`, in bytes. */
   readonly maxPayload?: number;
-  /** The function set whose permissions the embedded server grants; the config's by default. */
-  readonly functions?: readonly LoadedFunction[];
+  /**
+   * The embedded server's users with their permissions (the seat first), when it is started
+   * here: see `authorization` of `permissions.ts`.
+   */
+  readonly users?: readonly AuthorizedUser[];
 }
 
 /**
  * Opens the bus for the config: the configured servers with the configured credentials; else
- * the embedded server of the config's state folder, found running or started here with the
- * seat's, nodes' and providers' permissions derived from the function set ({@link authorization}).
- * Throws when none can be reached.
+ * the embedded server of the config's state folder, found running or started here with
+ * `options.users`. Throws when none can be reached, or when the embedded server is to be started
+ * and no users are given.
  */
 export async function openSession(config: Config, options: SessionOptions): Promise<Session> {
   const name = options.name ?? config.seat;
@@ -198,12 +206,8 @@ export async function openSession(config: Config, options: SessionOptions): Prom
     const nc = await connectTo([running.url], { name, user: credentials.user, pass: credentials.password });
     return { nc, url: running.url, close: () => drained(nc) };
   }
-  const functions = options.functions ?? (await loadFunctions(config));
-  const embedded = await startEmbedded({
-    stateDir,
-    users: authorization(config, functions, config.embedded),
-    maxPayload: options.maxPayload,
-  });
+  if (options.users === undefined) throw new Error(`no NATS_URL is set and no users are given to start the embedded nats-server of ${stateDir}`);
+  const embedded = await startEmbedded({ stateDir, users: options.users, maxPayload: options.maxPayload });
   try {
     const as: Credentials | undefined = user === config.seat ? embedded.seat : embedded.users[user];
     if (as === undefined) throw new Error(`the embedded server has no user ${user}`);

@@ -1,17 +1,26 @@
+/**
+ * Starting the whole set: load and check the function files, open the bus (with the derived
+ * users when it is the embedded server), open the runner, bind every trigger kind in the order
+ * of the list of kinds, and say readiness and health from then on; stopping undoes it all within
+ * the grace (docs/runtime.md §6).
+ */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { serve, type ServerType } from "@hono/node-server";
 import type { Logger } from "pino";
-import type { Server } from "node:http";
-import { bindCron, bindSubjects, httpApp, STOP_GRACE_MS, type Binding } from "./bind.ts";
 import type { Config } from "./config.ts";
-import { bindEvents } from "./events.ts";
-import type { Clock, Trigger } from "./define.ts";
-import { openHost, type Host } from "./host.ts";
-import type { Metrics } from "./metrics.ts";
-import { loadFunctions, type LoadedFunction } from "./loader.ts";
+import type { LoadedFunction } from "./define.ts";
+import { loadFunctions } from "./loader.ts";
 import { createLogger } from "./log.ts";
+import type { Metrics } from "./metrics.ts";
+import { authorization } from "./permissions.ts";
+import { openRunner, type Runner } from "./runner.ts";
 import { openSession, withoutPassword, type Session } from "./session.ts";
+import { KINDS, kindOf } from "./triggers/index.ts";
+import { targetsOf, type BindEnv, type Binding } from "./triggers/kind.ts";
+import type { Clock } from "./types.ts";
+
+/** How long stopping waits for the requests in hand to be answered, in milliseconds. */
+export const STOP_GRACE_MS = 10_000;
 
 export interface StartOptions {
   readonly config: Config;
@@ -30,7 +39,7 @@ export interface Running {
   /** True when this process started the embedded nats-server. */
   readonly embedded: boolean;
   readonly functions: readonly LoadedFunction[];
-  readonly host: Host;
+  readonly runner: Runner;
   /** Milliseconds from the call of {@link start} until every trigger was bound and the views loaded. */
   readonly readyMs: number;
   /** Unbinds every trigger, closes HTTP, drains the connection and stops the embedded server. */
@@ -45,60 +54,32 @@ function versionOf(config: Config): string {
 }
 
 /**
- * Closes the HTTP server: no new connection, idle ones closed now, those still busy after
- * `graceMs` closed too (a client that never finishes its request cannot hold stop).
- */
-async function closeHttp(http: ServerType, graceMs: number): Promise<void> {
-  const server = http as Server;
-  const closed = new Promise((resolve) => server.close(resolve));
-  server.closeIdleConnections();
-  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
-  await closed;
-  clearTimeout(timer);
-}
-
-function listen(app: ReturnType<typeof httpApp>, host: string, port: number): Promise<ServerType> {
-  return new Promise((resolve, reject) => {
-    const server = serve({ fetch: app.fetch, hostname: host, port }, () => resolve(server));
-    server.once("error", (err: NodeJS.ErrnoException) =>
-      reject(
-        new Error(
-          err.code === "EADDRINUSE"
-            ? `HTTP port ${port} on ${host} is in use: set HTTP_PORT to another port (0 picks a free one)`
-            : `HTTP server cannot listen on ${host}:${port}: ${err.message}`,
-        ),
-      ),
-    );
-  });
-}
-
-/**
- * Starts the function set of `config` (SPEC §6): loads and checks every function file, opens
- * the bus (the configured servers, or the embedded server), asserts the buckets and streams,
- * binds subjects, HTTP routes, events and cron, and runs the `onStart` functions. Throws, having released what it
- * opened, when any step fails; the error says which.
+ * Starts the function set of `config` (docs/runtime.md §6): loads and checks every function
+ * file, opens the bus (the configured servers, or the embedded server with the users
+ * {@link authorization} derives for the config's embedded nodes and providers), asserts the
+ * buckets and streams, binds every trigger kind and runs what each does once all are bound (the
+ * `onStart` functions). Throws, having released what it opened, when any step fails; the error
+ * says which.
  */
 export async function start(options: StartOptions): Promise<Running> {
   const began = performance.now();
   const { config, stopGraceMs: graceMs = STOP_GRACE_MS } = options;
   const log = options.log ?? createLogger();
   const functions = await loadFunctions(config);
-  const session: Session = await openSession(config, { embedded: "start", maxPayload: options.maxPayload, functions });
+  const session: Session = await openSession(config, {
+    embedded: "start",
+    maxPayload: options.maxPayload,
+    users: authorization(config, functions, config.embedded),
+  });
   const bindings: Binding[] = [];
-  let http: ServerType | undefined;
-  let host: Host | undefined;
+  let runner: Runner | undefined;
   let stopping: Promise<void> | undefined;
   const stop = () =>
     (stopping ??= (async () => {
       log.info("stopping");
       // Requests in hand, over NATS and HTTP, are answered for at most the grace.
-      await Promise.all([
-        (async () => {
-          for (const binding of [...bindings].reverse()) await binding.stop();
-        })(),
-        http === undefined ? undefined : closeHttp(http, graceMs),
-      ]);
-      host?.close();
+      await Promise.all(bindings.map((binding) => binding.stop()));
+      runner?.close();
       await session.close();
       log.info("stopped");
     })());
@@ -107,11 +88,10 @@ export async function start(options: StartOptions): Promise<Running> {
   // Why the connection is gone for good, when it closed without a stop (`GET /healthz` says it).
   let lost: string | undefined;
   let connected = true;
-  let failedAtStart: string[] = [];
   const readiness = () => [
     ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
     ...(lost !== undefined ? [lost] : connected ? [] : ["not connected to NATS: reconnecting"]),
-    ...failedAtStart.map((name) => `${name}: its run at start failed`),
+    ...bindings.flatMap((binding) => binding.notReady?.() ?? []),
   ];
   const watchConnection = (metrics: Metrics) => {
     metrics.connected.set(1);
@@ -138,24 +118,31 @@ export async function start(options: StartOptions): Promise<Running> {
     })();
   };
   try {
-    host = await openHost({ nc: session.nc, config, log, clock: options.clock, functions });
-    watchConnection(host.metrics);
-    bindings.push(await bindSubjects(host, functions, versionOf(config), graceMs));
-    http = await listen(httpApp(host, functions, { live: () => (lost === undefined ? [] : [lost]), ready: readiness }), config.http.host, config.http.port);
-    bindings.push(await bindEvents(host, functions));
-    const cron = await bindCron(host, functions);
-    bindings.push(cron);
-    failedAtStart = cron.failedAtStart;
+    const opened = await openRunner({ nc: session.nc, config, log, clock: options.clock, functions });
+    runner = opened;
+    watchConnection(opened.metrics);
+    const env: BindEnv<LoadedFunction> = {
+      nc: session.nc,
+      config,
+      log,
+      run: opened.run,
+      claim: opened.records.claim,
+      version: versionOf(config),
+      graceMs,
+      probes: { live: () => (lost === undefined ? [] : [lost]), ready: readiness },
+      metrics: async () => ({ text: await opened.metrics.registry.metrics(), contentType: opened.metrics.registry.contentType }),
+    };
+    for (const kind of KINDS) bindings.push(await kind.bind(targetsOf(functions, kind), env));
+    for (const binding of bindings) await binding.afterBind?.();
     // Ready means the server has every subscription: a request sent now finds its responder.
     await session.nc.flush();
     bound = true;
-    const { port } = http.address() as { port: number };
     const running: Running = {
       natsUrl: session.url,
-      httpUrl: `http://${config.http.host}:${port}`,
+      httpUrl: bindings.find((binding) => binding.url !== undefined)?.url ?? "",
       embedded: session.embedded !== undefined,
       functions,
-      host,
+      runner: opened,
       readyMs: Math.round(performance.now() - began),
       stop,
     };
@@ -167,13 +154,6 @@ export async function start(options: StartOptions): Promise<Running> {
   }
 }
 
-function describeTrigger(trigger: Trigger): string {
-  if ("subject" in trigger) return `subject ${trigger.subject}`;
-  if ("http" in trigger) return `http ${trigger.http}`;
-  if ("event" in trigger) return `event ${trigger.event}${trigger.stream ? ` (stream ${trigger.stream})` : ""}`;
-  return `cron ${trigger.cron}${trigger.onStart ? " (and at start)" : ""}`;
-}
-
 /** The lines printed at start: where NATS and HTTP are, and each function with its triggers. */
 export function describe(running: Running): string[] {
   const width = Math.max(...running.functions.map((fn) => fn.name.length));
@@ -182,8 +162,6 @@ export function describe(running: Running): string[] {
     `HTTP  ${running.httpUrl}`,
     `ready in ${running.readyMs} ms`,
     "functions:",
-    ...running.functions.map(
-      (fn) => `  ${fn.name.padEnd(width)}  ${fn.definition.triggers.map(describeTrigger).join(", ")}`,
-    ),
+    ...running.functions.map((fn) => `  ${fn.name.padEnd(width)}  ${fn.triggers.map((t) => kindOf(t)!.describe(t as never)).join(", ")}`),
   ];
 }

@@ -9,9 +9,11 @@ import { join } from "node:path";
 import type { KV, NatsConnection } from "nats";
 import { startCluster, type Cluster } from "./cluster.ts";
 import type { Config } from "./config.ts";
-import { startEmbedded, type Credentials, type EmbeddedServer } from "./embedded.ts";
-import { loadFunctions, type LoadedFunction } from "./loader.ts";
-import { authorization, type AuthorizedUser, type Permissions } from "./permissions.ts";
+import type { LoadedFunction } from "./define.ts";
+import { startEmbedded, type EmbeddedServer } from "./embedded.ts";
+import { loadFunctions } from "./loader.ts";
+import { authorization } from "./permissions.ts";
+import type { AuthorizedUser, Credentials, Permissions } from "./users.ts";
 import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */

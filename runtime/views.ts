@@ -1,7 +1,8 @@
 import { createRequire } from "node:module";
 import type { KV, KvEntry, NatsConnection, QueuedIterator } from "nats";
 import type { Logger } from "pino";
-import { checkedKey, filterList, watchOf, type Entry, type KeyRecord, type ListOptions, type ReadBucket } from "./buckets.ts";
+import { checkedKey, filterList, watchOf } from "./buckets.ts";
+import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "./types.ts";
 import { subjectMatches } from "./subjects.ts";
 
 // Required, not imported: a CommonJS module whose default export tsx and vitest unwrap differently.
@@ -13,20 +14,6 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
  * (a stream purge) keeps a view from reaching it.
  */
 export const CATCH_UP_MS = 500;
-
-/**
- * A bucket read through a live view: the reads of a {@link ReadBucket}, answered from memory once
- * the view holds every write acknowledged before the read. A key read again, unchanged, is the
- * same object: treat what reads return as read-only.
- */
-export interface ViewBucket extends ReadBucket {
-  /**
-   * The same reads answered from what the view holds now, without first asking the server
-   * whether it holds everything: the latest writes may be missing. For compare-and-set writers,
-   * whose write based on a stale revision fails and can be decided again.
-   */
-  readonly local: ReadBucket;
-}
 
 /** A live view and how to stop it. */
 export interface LiveView extends ViewBucket {

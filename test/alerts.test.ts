@@ -54,7 +54,7 @@ describe("Alertmanager", () => {
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "invalid_client", at: "2026-11-29T12:00:00Z" });
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "realm unreachable", at: "2026-11-29T12:05:00Z" });
     await until(async () => (await failingOf("dogwood")).length === 1 && JSON.stringify(await failingOf("dogwood")).includes("realm"));
-    expect(await invoke(set.host, alerts)).toEqual({ sent: 1, firing: 1 });
+    expect(await invoke(set.runner, alerts)).toEqual({ sent: 1, firing: 1 });
     expect(sentFor("dogwood").at(-1)).toEqual({
       labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "dogwood", consumer: "grafana" },
       annotations: { word: "realm unreachable", summary: "keycloak fails grafana on dogwood: realm unreachable" },
@@ -64,7 +64,7 @@ describe("Alertmanager", () => {
     const recoveredAt = new Date().toISOString();
     await emit("recovered", { machine: "dogwood", consumer: "grafana", at: recoveredAt });
     await until(async () => (await failingOf("dogwood")).length === 0);
-    expect(await invoke(set.host, alerts)).toEqual({ sent: 1, firing: 0 });
+    expect(await invoke(set.runner, alerts)).toEqual({ sent: 1, firing: 0 });
     expect(sentFor("dogwood").at(-1)).toEqual({
       labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "dogwood", consumer: "grafana" },
       annotations: { summary: "keycloak serves grafana on dogwood again" },
@@ -78,7 +78,7 @@ describe("Alertmanager", () => {
     const before = received.length;
     await emit("failing", { machine: "birch", consumer: "caddy", word: "no issuer", at: "2026-11-29T13:00:00Z" });
     await until(async () => (await failingOf("birch")).length === 1);
-    const failure = await invoke(set.host, alerts).catch((e: unknown) => e);
+    const failure = await invoke(set.runner, alerts).catch((e: unknown) => e);
     expect((failure as Error).message).toMatch(/^alerts failed: Alertmanager at http:\/\/alertmanager\.test:9093\/api\/v2\/alerts answered 500/);
     expect(received.length - before).toBeGreaterThanOrEqual(3); // the first try and 2 retries
     // The follower went on meanwhile.
@@ -88,7 +88,7 @@ describe("Alertmanager", () => {
     answer = 200;
     const after = received.length;
     // The birch failing, and dogwood's resolution of the first test, recent enough to send again.
-    expect(await invoke(set.host, alerts)).toEqual({ sent: 2, firing: 1 });
+    expect(await invoke(set.runner, alerts)).toEqual({ sent: 2, firing: 1 });
     expect(received.slice(after).flat()).toContainEqual({
       labels: { alertname: "ProvisioningFailing", provider: "keycloak", machine: "birch", consumer: "caddy" },
       annotations: { word: "issuer moved", summary: "keycloak fails caddy on birch: issuer moved" },
@@ -101,7 +101,7 @@ describe("Alertmanager", () => {
     const plain = await startSet(bus, { http: { host: "127.0.0.1", port: 0 } });
     try {
       const before = received.length;
-      expect(await invoke(plain.host, off)).toEqual({ sent: 0, off: "alerts.alertmanager is not set" });
+      expect(await invoke(plain.runner, off)).toEqual({ sent: 0, off: "alerts.alertmanager is not set" });
       expect(received.length).toBe(before);
     } finally {
       await plain.stop();

@@ -137,7 +137,7 @@ async function requestsByInstance(): Promise<Map<string, number>> {
 
 describe("two replicas of the set on a 3-server cluster with replicas 3", () => {
   it("connect to different servers, and keep every bucket and the events stream with 3 replicas", async () => {
-    expect(b.host.nc.info?.server_name).toBe(tc.cluster.servers[1]!.name);
+    expect(b.runner.nc.info?.server_name).toBe(tc.cluster.servers[1]!.name);
     const jsm = await operator.jetstreamManager();
     for (const stream of ["KV_mesh-provisioner_needs", "KV_mesh-provisioner_failing", "KV_mesh-provisioner_runtime", "KV_mesh-provisioner_claims", EVENTS]) {
       const info = await jsm.streams.info(stream);
@@ -200,7 +200,7 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     // Events published during the loss, to a surviving server.
     const at = new Date().toISOString();
     for (let i = 0; i < 100; i++) await emit("keycloak", "failing", { machine: "loss", consumer: `c${i}`, word: "down", at }, `loss-${i}`);
-    await until(() => b.host.nc.info?.server_name !== killed.name && !b.host.nc.isClosed(), 15_000, "replica B reconnected elsewhere");
+    await until(() => b.runner.nc.info?.server_name !== killed.name && !b.runner.nc.isClosed(), 15_000, "replica B reconnected elsewhere");
     await until(async () => (await fetch(`${b.httpUrl}/readyz`)).status === 200, 15_000, "replica B ready again");
 
     // From 15 s after the kill, every verb request succeeds, and both replicas answer.

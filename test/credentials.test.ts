@@ -8,7 +8,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { loadFunctions, resolveConfig, start, type Config } from "../runtime/index.ts";
 import { spawnNatsServer, type RunningNatsServer } from "../runtime/nats-server.ts";
-import { authorization, type AuthorizedUser } from "../runtime/permissions.ts";
+import { authorization } from "../runtime/permissions.ts";
+import type { AuthorizedUser } from "../runtime/users.ts";
 import { projectConfig, request } from "./helpers.ts";
 
 type KeyPair = ReturnType<typeof nkeys.createUser>;

@@ -5,7 +5,7 @@ import { AckPolicy, DeliverPolicy, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadFunctions, start, type Config } from "../runtime/index.ts";
 import { startTestBus } from "../runtime/testing.ts";
-import { backoff } from "../runtime/events.ts";
+import { backoff } from "../runtime/triggers/event.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { projectConfig, ROOT, until } from "./helpers.ts";
 
@@ -103,7 +103,7 @@ describe("event triggers", () => {
         { n: 4, subject: "probe.ev.e", deliveries: 1 },
         { n: 3, subject: "probe.ev.d", deliveries: 3 },
       ]);
-      const refused = await set.host.records.refusedEvents();
+      const refused = await set.runner.records.refusedEvents();
       expect(refused.count).toBe(2);
       expect(refused.byFunction["probe-events"]).toMatchObject({
         count: 2,
@@ -113,11 +113,11 @@ describe("event triggers", () => {
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
       // A refused event delivered again (its acknowledgement lost) is counted once.
       const again = { subject: "probe.ev.c", reason: "again", at: new Date().toISOString() };
-      await set.host.records.refused("probe-events", again, 3);
-      await set.host.records.refused("probe-events", again, 3);
-      expect((await set.host.records.refusedEvents()).count).toBe(2);
-      await set.host.records.refused("probe-events", again, 99);
-      expect((await set.host.records.refusedEvents()).count).toBe(3);
+      await set.runner.records.refused("probe-events", again, 3);
+      await set.runner.records.refused("probe-events", again, 3);
+      expect((await set.runner.records.refusedEvents()).count).toBe(2);
+      await set.runner.records.refused("probe-events", again, 99);
+      expect((await set.runner.records.refusedEvents()).count).toBe(3);
       await sleep(1500); // nothing refused comes back
       expect(seen()).toHaveLength(3);
     } finally {

@@ -14,8 +14,9 @@ import {
   recoveredEvent,
   rfc3339,
 } from "../functions/_lib/failing.ts";
-import { writeBucket, type WriteBucket } from "../runtime/buckets.ts";
-import { assertBuckets } from "../runtime/host.ts";
+import { writeBucket } from "../runtime/buckets.ts";
+import { assertBuckets } from "../runtime/assert.ts";
+import type { WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import { ServiceError } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";

@@ -8,7 +8,8 @@ import { STATUS } from "../functions/_lib/failing.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { loadFunctions, resolveConfig, start } from "../runtime/index.ts";
 import { spawnNatsServer } from "../runtime/nats-server.ts";
-import { authorization, seatPermissions, toConf } from "../runtime/permissions.ts";
+import { authorization, seatPermissions } from "../runtime/permissions.ts";
+import { toConf } from "../runtime/users.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { projectConfig, request, ROOT, startSet, testBus } from "./helpers.ts";
 

@@ -8,7 +8,7 @@ import {
   invoke,
   loadFunction,
   LoadError,
-  openHost,
+  openRunner,
   resolveConfig,
   ServiceError,
   start,
@@ -298,14 +298,14 @@ export default defineFunction({
 
   it("invokes one function on its own with the context the runtime builds", async () => {
     const config = { ...(await projectConfig()), ...bus.config };
-    const host = await openHost({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
+    const runner = await openRunner({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
     const compile = await loadFunction(join(ROOT, "functions", "registry-compile.ts"));
-    const first = (await invoke(host, compile)) as { written: string[] };
+    const first = (await invoke(runner, compile)) as { written: string[] };
     expect(first.written.length + ((first as any).unchanged as number)).toBe(13);
     const provisioning = await loadFunction(join(ROOT, "functions", "provisioning.ts"));
-    const answer = await invoke(host, provisioning, { what: "registry", kind: "port" });
+    const answer = await invoke(runner, provisioning, { what: "registry", kind: "port" });
     expect(answer).toMatchObject({ what: "registry", entries: [{ key: "port", value: { module: "mesh-controller" } }], outOfShape: [] });
-    const refused = await invoke(host, provisioning, { what: "registry", node: "alder" }).catch((e: unknown) => e);
+    const refused = await invoke(runner, provisioning, { what: "registry", node: "alder" }).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(ServiceError);
     expect((refused as ServiceError).code).toBe(400);
   });

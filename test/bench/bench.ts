@@ -14,10 +14,12 @@ import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnection } from "nats";
 import { Bench } from "tinybench";
-import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openHost } from "../../runtime/index.ts";
+import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openRunner } from "../../runtime/index.ts";
 import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
 import { createLogger } from "../../runtime/log.ts";
-import { authorization, durables as durablesOf } from "../../runtime/permissions.ts";
+import { authorization } from "../../runtime/permissions.ts";
+import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
+import { targetsOf } from "../../runtime/triggers/kind.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 
 const ROOT = resolve(import.meta.dirname, "../..");
@@ -271,9 +273,9 @@ async function main() {
 
   // 7. A steady registry compile: nothing changed, the registry read and compared.
   const seat = await connect({ servers: server.url, user: server.seat.user, pass: server.seat.password, inboxPrefix: `_INBOX.${server.seat.user}` });
-  const host = await openHost({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
+  const runner = await openRunner({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
   const compile = functions.find((fn) => fn.name === "registry-compile")!;
-  const compiles = await latency({ "registry compile": () => invoke(host, compile) });
+  const compiles = await latency({ "registry compile": () => invoke(runner, compile) });
   await seat.close();
 
   // 8. 10,000 failing/recovered events through the follower, against a bare durable-consumer ack loop.
@@ -290,7 +292,7 @@ async function main() {
     }
     await Promise.all(acks.splice(0));
   }
-  const durables = durablesOf(functions, config).map((d) => d.durable);
+  const durables = durablesOf(targetsOf(functions, event), config).map((d) => d.durable);
   const delivered = async () => Promise.all(durables.map((d) => jsm.consumers.info(stream, d)));
   const before = (await delivered()).map((i) => i.delivered.stream_seq);
   set = await startSet();

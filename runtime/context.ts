@@ -1,0 +1,116 @@
+/**
+ * The `ctx` a function gets: built once per function from its declarations (the buckets it reads
+ * and writes, the views, the subjects it publishes, its metrics and config) and once per run for
+ * its trigger. Whatever it did not declare is refused with an `AccessError` naming it, before
+ * anything reaches the server (docs/runtime.md §6.7).
+ */
+import type { NatsConnection } from "nats";
+import type { Logger } from "pino";
+import type { Config } from "./config.ts";
+import type { LoadedFunction } from "./define.ts";
+import { AccessError } from "./errors.ts";
+import { declareMetric, type Metrics } from "./metrics.ts";
+import type { Storage } from "./storage.ts";
+import { subjectMatches } from "./subjects.ts";
+import type { AnyContext, Clock, MetricDeclaration, ReadBucket, RuntimeRecords, TriggerInfo, ViewBucket, WriteBucket } from "./types.ts";
+
+/** A read handle that refuses, naming the function and bucket, any write tried through it. */
+function readOnly(fn: string, handle: ReadBucket): ReadBucket {
+  const refuse = (op: string) => () => {
+    throw new AccessError(`function ${fn} cannot ${op} in bucket ${handle.bucket}: it declares the bucket in access.reads, not access.writes`);
+  };
+  return Object.freeze({ ...handle, create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") });
+}
+
+/** `ctx.buckets` or `ctx.views`: asking for a bucket of the config the function did not declare throws, naming both. */
+function guarded<T extends object>(fn: string, buckets: T, known: readonly string[], side: "buckets" | "views"): T {
+  return new Proxy(buckets, {
+    get(target, key, receiver) {
+      if (typeof key === "string" && !(key in target) && known.includes(key)) {
+        throw new AccessError(
+          side === "buckets"
+            ? `function ${fn} uses bucket ${key}, which its access does not declare`
+            : `function ${fn} uses a view of bucket ${key}, which its access.views does not declare`,
+        );
+      }
+      return Reflect.get(target, key, receiver);
+    },
+  });
+}
+
+export interface ContextOptions {
+  readonly nc: NatsConnection;
+  readonly config: Config;
+  readonly log: Logger;
+  readonly clock: Clock;
+  readonly storage: Storage;
+  /** Where the functions' declared metrics are registered. */
+  readonly metrics: Metrics;
+}
+
+/**
+ * The context maker of a function set: `context(fn, trigger)` is the `ctx` of one run, sharing
+ * what does not change between runs of `fn` (handles, metrics, the parsed config). `ctx.log`
+ * names the function and the trigger; its child logger is made only when a run logs. Declaring a
+ * function's metrics happens at its first context: {@link ContextOptions.metrics} throws when a
+ * name is taken.
+ */
+export function contexts({ nc, config, log, clock, storage, metrics }: ContextOptions): (fn: LoadedFunction, trigger: TriggerInfo) => AnyContext {
+  type Shared = Omit<AnyContext, "trigger">;
+  const perFunction = new Map<LoadedFunction, Shared>();
+  const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
+  const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
+
+  const prepared = (fn: LoadedFunction): Shared => {
+    let shared = perFunction.get(fn);
+    if (shared !== undefined) return shared;
+    const { access, config: schema } = fn.definition;
+    const buckets: Record<string, ReadBucket | WriteBucket> = {};
+    for (const name of access?.reads ?? []) buckets[name] = readOnly(fn.name, storage.read(name));
+    for (const name of access?.writes ?? []) buckets[name] = storage.write(name);
+    const live: Record<string, ViewBucket> = {};
+    for (const name of access?.views ?? []) {
+      const view = storage.view(name);
+      live[name] = { ...readOnly(fn.name, view), local: readOnly(fn.name, view.local) };
+    }
+    const publishes = access?.publishes ?? [];
+    const fnLog = log.child({ function: fn.name });
+    const declared: Record<string, ReturnType<typeof declareMetric>> = {};
+    for (const [name, declaration] of Object.entries(fn.definition.metrics ?? {}) as [string, MetricDeclaration<AnyContext>][]) {
+      const collect = declaration.type === "gauge" ? declaration.collect : undefined;
+      declared[name] = declareMetric(metrics.registry, name, declaration as MetricDeclaration<unknown>, collect && (async () => collect(context(fn, { kind: "scrape" }))), fnLog);
+    }
+    shared = {
+      function: fn.name,
+      buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets), "buckets") as AnyContext["buckets"],
+      views: guarded(fn.name, Object.freeze(live), Object.keys(config.buckets), "views"),
+      metrics: Object.freeze(declared) as AnyContext["metrics"],
+      log: fnLog,
+      config: schema === undefined ? {} : schema.parse(config),
+      clock,
+      limits,
+      runtime,
+      publish: (subject, data) => {
+        if (/[\s*>]/.test(subject) || !publishes.some((pattern) => subjectMatches(pattern, subject))) {
+          throw new AccessError(`function ${fn.name} publishes ${subject}, which its access.publishes (${publishes.join(", ") || "none"}) does not name`);
+        }
+        nc.publish(subject, data);
+      },
+    };
+    perFunction.set(fn, shared);
+    return shared;
+  };
+
+  const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => {
+    const shared = prepared(fn);
+    let runLog: Logger | undefined;
+    return {
+      ...shared,
+      trigger,
+      get log() {
+        return (runLog ??= shared.log.child({ trigger }));
+      },
+    };
+  };
+  return context;
+}

@@ -1,0 +1,155 @@
+/**
+ * Running one function once, from its raw input: the payload parsed (empty is `{}`, not JSON a
+ * 400), the input schema, the handler, its error said as a code (a `ServiceError` keeps its own,
+ * anything else is a 500), the log line at the refusal's level, the run's metrics, and the
+ * runtime's records: a scheduled run's success, an event's refusal. No binding does any of this
+ * itself (docs/runtime.md §6.7).
+ */
+import type { NatsConnection } from "nats";
+import type { Logger } from "pino";
+import type { Config } from "./config.ts";
+import { contexts } from "./context.ts";
+import type { LoadedFunction } from "./define.ts";
+import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
+import { JsonText } from "./json.ts";
+import { createMetrics, type Metrics } from "./metrics.ts";
+import type { Recorder } from "./records.ts";
+import { openStorage } from "./storage.ts";
+import type { AnyContext, Clock, Outcome, RawInput, Refusal, TriggerInfo } from "./types.ts";
+
+/** Runs the functions of a set on one connection, with their storage, metrics and records. */
+export interface Runner {
+  readonly nc: NatsConnection;
+  readonly config: Config;
+  readonly log: Logger;
+  /** The runtime's records (docs/runtime.md §6.7): scheduled runs, refused events, claims. */
+  readonly records: Recorder;
+  /** The runtime's Prometheus metrics and the functions' own. */
+  readonly metrics: Metrics;
+  /** The `ctx` a function gets for one run: only what it declared. */
+  context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
+  /**
+   * Runs `fn` once from `input` (payload bytes, or a value already read). Never throws: bad
+   * input is a 400, a `ServiceError` keeps its code, anything else is logged and a 500. A refused
+   * event is counted (`events_refused_total`, the records); when it cannot be counted the outcome
+   * is a 500, so it comes again. A scheduled run (`cron`, `start`) that succeeded is recorded.
+   */
+  run(fn: LoadedFunction, input: RawInput, trigger: TriggerInfo): Promise<Outcome>;
+  /** Stops the live views. */
+  close(): void;
+}
+
+export interface RunnerOptions {
+  readonly nc: NatsConnection;
+  readonly config: Config;
+  readonly log: Logger;
+  readonly clock?: Clock;
+  /** The functions whose `access.views` are kept live and whose metrics are declared; none when absent. */
+  readonly functions?: readonly LoadedFunction[];
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** A payload's JSON value: empty means `{}`; anything not JSON is a 400. */
+function parsePayload(input: RawInput): { ok: true; value: unknown } | { ok: false; error: Refusal } {
+  if (!("data" in input)) return { ok: true, value: input.value };
+  if (input.data.length === 0) return { ok: true, value: {} };
+  try {
+    return { ok: true, value: JSON.parse(utf8.decode(input.data)) };
+  } catch (err) {
+    return { ok: false, error: { code: 400, message: `payload is not JSON: ${(err as Error).message}` } };
+  }
+}
+
+/** A refused request was answered; a refused event is kept nowhere but in the records. */
+const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn" : "info");
+
+/**
+ * Opens the runner: asserts the buckets and loads the live views the functions declare
+ * (docs/buckets.md §2.4), declares every function's metrics (so they are on `GET /metrics`
+ * before a first run), then runs functions. Throws when a bucket or view cannot be opened.
+ */
+export async function openRunner({ nc, config, log, clock = { now: () => new Date() }, functions = [] }: RunnerOptions): Promise<Runner> {
+  const storage = await openStorage(
+    nc,
+    config,
+    log,
+    functions.flatMap((fn) => fn.definition.access?.views ?? []),
+  );
+  const { records } = storage;
+  const metrics = createMetrics();
+  const context = contexts({ nc, config, log, clock, storage, metrics });
+  for (const fn of functions) {
+    // A first context declares the function's metrics: on `GET /metrics` before its first run.
+    context(fn, { kind: "start" });
+    // Counted from 0, so the series is on `GET /metrics` before any refusal.
+    if (fn.triggers.some((t) => "event" in t)) metrics.refused.inc({ function: fn.name }, 0);
+  }
+
+  const handled = async (fn: LoadedFunction, input: RawInput, ctx: AnyContext): Promise<Outcome> => {
+    const level = refusalLevel(ctx.trigger);
+    const refused = (error: Refusal, said = "refused bad input"): Outcome => {
+      const message = refusalMessage(error.message);
+      ctx.log[level]({ code: error.code, refused: message }, said);
+      return { ok: false, error: { code: error.code, message } };
+    };
+    const payload = parsePayload(input);
+    if (!payload.ok) return refused(payload.error);
+    const parsed = fn.input.safeParse(payload.value);
+    if (!parsed.success) return refused({ code: 400, message: formatIssues(parsed.error.issues) });
+    try {
+      const handler = fn.definition.handler as (input: unknown, ctx: AnyContext) => unknown;
+      return { ok: true, value: await handler(parsed.data, ctx) };
+    } catch (err) {
+      if (err instanceof ServiceError) return refused(err, "refused");
+      // No responders (503) or no answer: the bus is electing a leader or away; no stack to read.
+      const code = (err as { code?: unknown }).code;
+      if (code === "503" || code === "TIMEOUT") ctx.log.warn({ err: (err as Error).message }, "handler failed: NATS did not answer");
+      else ctx.log.error({ err }, "handler failed");
+      return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
+    }
+  };
+
+  /** What the records keep of a run: a scheduled run that succeeded, an event refused. */
+  const recorded = async (fn: LoadedFunction, trigger: TriggerInfo, outcome: Outcome): Promise<Outcome> => {
+    if (outcome.ok && (trigger.kind === "cron" || trigger.kind === "start")) {
+      log.debug({ function: fn.name, trigger: { kind: trigger.kind }, result: outcome.value }, "scheduled run done");
+      await records
+        .ran(fn.name, { at: new Date(), trigger: trigger.kind })
+        .catch((err: unknown) => log.warn({ function: fn.name, err }, "scheduled run not recorded"));
+    }
+    if (!outcome.ok && outcome.error.code < 500 && trigger.kind === "event") {
+      metrics.refused.inc({ function: fn.name });
+      try {
+        await records.refused(fn.name, { subject: trigger.subject, reason: outcome.error.message, at: new Date().toISOString() }, trigger.sequence);
+      } catch (err) {
+        log.error({ function: fn.name, err }, "refused event not counted; it will be delivered again");
+        return { ok: false, error: { code: 500, message: refusalMessage(`the refusal could not be counted: ${(err as Error).message}`) } };
+      }
+    }
+    return outcome;
+  };
+
+  const run = async (fn: LoadedFunction, input: RawInput, trigger: TriggerInfo): Promise<Outcome> => {
+    const labels = { function: fn.name, trigger: trigger.kind };
+    const done = metrics.seconds.startTimer(labels);
+    metrics.runs.inc(labels);
+    const outcome = await handled(fn, input, context(fn, trigger));
+    done();
+    if (!outcome.ok) metrics.errors.inc({ ...labels, code: String(outcome.error.code) });
+    return recorded(fn, trigger, outcome);
+  };
+
+  return { nc, config, log, records, metrics, context, run, close: storage.close };
+}
+
+/**
+ * Runs one function once with the context the runtime builds (trigger `invoke`), for tests and
+ * the CLI. Returns the handler's answer (a {@link JsonText} parsed); throws a `ServiceError`
+ * with the refusal's code.
+ */
+export async function invoke(runner: Runner, fn: LoadedFunction, input: unknown = {}): Promise<unknown> {
+  const outcome = await runner.run(fn, { value: input }, { kind: "invoke" });
+  if (!outcome.ok) throw new ServiceError(outcome.error.code, outcome.error.message);
+  return outcome.value instanceof JsonText ? JSON.parse(outcome.value.text) : outcome.value;
+}

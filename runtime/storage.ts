@@ -1,0 +1,60 @@
+/**
+ * The set's storage as functions reach it: the buckets asserted ({@link assertBuckets}), a read
+ * or write handle of each, a live view of each bucket some function views, and the runtime's
+ * records (docs/runtime.md §6.7).
+ */
+import type { NatsConnection } from "nats";
+import type { Logger } from "pino";
+import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
+import { readBucket, writeBucket } from "./buckets.ts";
+import type { Config } from "./config.ts";
+import { claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
+import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
+import { openView, type LiveView } from "./views.ts";
+
+/** The opened buckets of the config, as the functions reach them. */
+export interface Storage {
+  /** A read handle of the config's bucket `name`. */
+  read(name: string): ReadBucket;
+  /** A write handle of the config's bucket `name`. */
+  write(name: string): WriteBucket;
+  /** The live view of `name`; without one (opened for one function), a handle reading the server both ways. */
+  view(name: string): ViewBucket;
+  /** The runtime's records (`<seat>_runtime`) and claims (`<seat>_claims`). */
+  readonly records: Recorder;
+  /** Stops the live views. */
+  close(): void;
+}
+
+/**
+ * Asserts the buckets ({@link assertBuckets}) and opens a live view ({@link openView}) of each
+ * of `viewed` (config names), all at once, waiting until each has loaded its bucket. Throws,
+ * having stopped the views it opened, when a bucket or a view cannot be opened.
+ */
+export async function openStorage(nc: NatsConnection, config: Config, log: Logger, viewed: readonly string[]): Promise<Storage> {
+  const kvs = await assertBuckets(nc, config, log);
+  const js = nc.jetstream();
+  const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+  const views = new Map<string, LiveView>();
+  try {
+    await Promise.all(
+      [...new Set(viewed)].map(async (name) => {
+        const view = await openView(nc, kvs.get(name)!, config.buckets[name]!.bucket, read(name), log);
+        views.set(name, view);
+        await view.loaded;
+      }),
+    );
+  } catch (err) {
+    for (const view of views.values()) view.stop();
+    throw err;
+  }
+  return {
+    read,
+    write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket),
+    view: (name) => views.get(name) ?? { ...read(name), local: read(name) },
+    records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat))),
+    close: () => {
+      for (const view of views.values()) view.stop();
+    },
+  };
+}

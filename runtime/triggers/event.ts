@@ -1,0 +1,196 @@
+/**
+ * The `{ event, stream? }` trigger kind: messages on a subject (wildcards allowed). With a stream
+ * of the config, through a durable consumer of that stream, so nothing published while the set
+ * is down is lost; without, a plain subscription in the seat's queue group (docs/runtime.md §6.4).
+ */
+import { AckPolicy, DeliverPolicy, nanos, type ConsumerMessages, type JetStreamManager, type JsMsg, type Subscription } from "nats";
+import type { Logger } from "pino";
+import { z } from "zod";
+import type { Config } from "../config.ts";
+import { assertStreams } from "../assert.ts";
+import { RESERVED, reserved, SUBJECT_PATTERN, subjectMatches } from "../subjects.ts";
+import { bindingName, type Target, type TriggerKind } from "./kind.ts";
+
+/** `{ event, stream? }`: a subject or pattern, and the name of a stream in the config's `streams`. */
+export type EventTrigger = { readonly event: string; readonly stream?: string };
+
+const schema = z.strictObject({
+  event: z
+    .string()
+    .regex(SUBJECT_PATTERN, "must be a NATS subject (tokens, `*`, a final `>`) without spaces")
+    .refine((s) => !s.startsWith(">"), "must not be > alone: that is every message of the bus")
+    .refine(
+      (s) => s.startsWith(">") || s.split(".").some((t) => t !== "*" && t !== ">"),
+      "must hold a token besides wildcards: `*.>` is nearly every message of the bus, the server's own among them",
+    )
+    .refine((s) => !reserved(s), RESERVED),
+  stream: z.string().min(1).optional(),
+});
+
+/** Messages a durable consumer pulls at once, and handles at once. */
+const BATCH = 64;
+
+/** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
+export function backoff(deliveries: number): number {
+  return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
+}
+
+/** The subjects each configured stream must capture: the `event` of every trigger naming it. */
+function streamSubjects(targets: readonly Target<EventTrigger>[]): Map<string, string[]> {
+  const subjects = new Map<string, string[]>();
+  for (const { trigger } of targets) {
+    if (trigger.stream === undefined) continue;
+    const list = subjects.get(trigger.stream) ?? [];
+    if (!list.includes(trigger.event)) list.push(trigger.event);
+    subjects.set(trigger.stream, list);
+  }
+  return subjects;
+}
+
+/**
+ * The durable consumers of `{ event, stream }` triggers: the stream's name and the durable's,
+ * {@link bindingName} (the function's name, `-<n>` from its second one), shared by every
+ * replica that has the function.
+ */
+export function durables(targets: readonly Target<EventTrigger>[], config: Config): { stream: string; durable: string }[] {
+  return targets.flatMap(({ fn, trigger, index }) =>
+    trigger.stream === undefined ? [] : [{ stream: config.streams[trigger.stream]!.stream, durable: bindingName(fn, index) }],
+  );
+}
+
+/**
+ * Binds `durable` on `stream`: every message, explicit acknowledgement. It takes every message
+ * of the stream and its binding acknowledges at once those its trigger does not match:
+ * nats-server 2.9 counts a filtered consumer's pending messages by scanning the stream at each
+ * delivery, which slows it as the stream grows. A durable of that name made filtered (as sets
+ * before this one made them) is made again unfiltered, from the first message after its
+ * acknowledgement floor: nothing is lost, and what it had acknowledged above the floor comes
+ * again (handlers bear running twice).
+ */
+async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, ackWaitSeconds: number, log: Logger): Promise<void> {
+  const ackWait = nanos(ackWaitSeconds * 1000);
+  const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
+  const existing = await jsm.consumers.info(stream, durable).catch(() => undefined);
+  if (existing === undefined) {
+    await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.All });
+    return;
+  }
+  if (!existing.config.filter_subject) {
+    // Replicas with other configs would change it back and forth: said, never applied.
+    if (existing.config.ack_wait !== ackWait) {
+      log.warn(
+        { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
+        `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
+      );
+    }
+    return;
+  }
+  const from = existing.ack_floor.stream_seq + 1;
+  log.info({ stream, durable, from }, "making the durable consumer unfiltered");
+  await jsm.consumers.delete(stream, durable);
+  await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from });
+}
+
+export const event: TriggerKind<"event", EventTrigger> = {
+  key: "event",
+  shape: "{ event, stream? }",
+  schema,
+  checkConfig(trigger, config) {
+    if (trigger.stream === undefined || trigger.stream in config.streams) return [];
+    const known = Object.keys(config.streams);
+    return [{ at: "stream", message: `no stream "${trigger.stream}" in the config` + (known.length > 0 ? ` (it has ${known.join(", ")})` : " (it has no streams)") }];
+  },
+  describe: (trigger) => `event ${trigger.event}${trigger.stream ? ` (stream ${trigger.stream})` : ""}`,
+  /** Assert the streams and run the durable consumers (create, info, pull, acknowledge); subscribe to plain events. */
+  seatGrants(targets, config) {
+    const streams = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [config.streams[t.trigger.stream]!.stream])))];
+    return {
+      publish: [
+        ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
+        ...durables(targets, config).flatMap(({ stream, durable }) => [
+          `$JS.API.CONSUMER.CREATE.${stream}.${durable}`,
+          `$JS.API.CONSUMER.CREATE.${stream}.${durable}.>`,
+          `$JS.API.CONSUMER.INFO.${stream}.${durable}`,
+          // To make a filtered durable of an earlier set unfiltered.
+          `$JS.API.CONSUMER.DELETE.${stream}.${durable}`,
+          `$JS.API.CONSUMER.MSG.NEXT.${stream}.${durable}`,
+          `$JS.ACK.${stream}.${durable}.>`,
+        ]),
+      ],
+      subscribe: targets.flatMap((t) => (t.trigger.stream === undefined ? [t.trigger.event] : [])),
+    };
+  },
+
+  /**
+   * With a stream: asserts the streams (their subjects extended, never emptied), then one durable
+   * pull consumer per trigger ({@link durables}), whose messages the trigger's `event` matches are
+   * handled up to {@link BATCH} at a time, in no set order (handlers that keep state must
+   * compare-and-set); the others are acknowledged at once. A message is acknowledged once its
+   * handler returned, or refused it (the runner counts the refusal); on a fault it is negatively
+   * acknowledged with {@link backoff}, so it comes again later, for ever until it succeeds.
+   * Without a stream: a subscription in the seat's queue group (what is published while the set
+   * is down is lost). Throws naming the stream or durable the server refuses.
+   */
+  async bind(targets, env) {
+    if (targets.length === 0) return { stop: async () => {} };
+    const { nc, config, log } = env;
+    const jsm = await nc.jetstreamManager();
+    await assertStreams(jsm, config, streamSubjects(targets), log);
+
+    const subscriptions: Subscription[] = [];
+    const consumers: { messages: ConsumerMessages; loop: Promise<void> }[] = [];
+    let stopping = false;
+    for (const { fn, trigger, index } of targets) {
+      if (trigger.stream === undefined) {
+        subscriptions.push(
+          nc.subscribe(trigger.event, {
+            queue: config.seat,
+            callback: (err, msg) => {
+              if (err) return log.error({ function: fn.name, err }, "subscription stopped");
+              void env.run(fn, { data: msg.data }, { kind: "event", subject: msg.subject });
+            },
+          }),
+        );
+        continue;
+      }
+      const { stream, ackWaitSeconds } = config.streams[trigger.stream]!;
+      const durable = bindingName(fn, index);
+      await bindDurable(jsm, stream, durable, ackWaitSeconds, log).catch((err: Error) => {
+        throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`, { cause: err });
+      });
+      const consumer = await nc.jetstream().consumers.get(stream, durable);
+      const messages = await consumer.consume({ max_messages: BATCH });
+      const one = async (m: JsMsg) => {
+        if (!subjectMatches(trigger.event, m.subject)) return m.ack();
+        const outcome = await env.run(fn, { data: m.data }, { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount });
+        // A refusal is acknowledged (the runner counted it); a fault comes again.
+        if (!outcome.ok && outcome.error.code >= 500) m.nak(backoff(m.info.redeliveryCount));
+        else m.ack();
+      };
+      const loop = (async () => {
+        const running = new Set<Promise<void>>();
+        for await (const m of messages) {
+          if (stopping) {
+            m.nak();
+            continue;
+          }
+          const handled: Promise<void> = one(m)
+            .catch((err: unknown) => log.error({ function: fn.name, durable, err }, "event not handled"))
+            .finally(() => running.delete(handled));
+          running.add(handled);
+          if (running.size >= BATCH) await Promise.race(running);
+        }
+        await Promise.all(running);
+      })().catch((err: unknown) => log.error({ function: fn.name, durable, err }, "consumer stopped"));
+      consumers.push({ messages, loop });
+    }
+    return {
+      stop: async () => {
+        stopping = true;
+        for (const sub of subscriptions) sub.unsubscribe();
+        for (const { messages } of consumers) messages.stop();
+        await Promise.all(consumers.map(({ loop }) => loop));
+      },
+    };
+  },
+};

@@ -1,0 +1,128 @@
+/**
+ * The `{ http: "METHOD /path" }` trigger kind: a route of the set's one HTTP server (Hono on
+ * Node), beside the runtime's own `/healthz`, `/readyz` and `/metrics`. It always listens, also
+ * when no function has a route (docs/runtime.md §6.6).
+ */
+import type { Server } from "node:http";
+import { serve, type ServerType } from "@hono/node-server";
+import { Hono, type Context as HonoContext } from "hono";
+import { z } from "zod";
+import { errorBody } from "../errors.ts";
+import { jsonOf } from "../json.ts";
+import type { RawInput } from "../types.ts";
+import type { BindEnv, FunctionRef, Target, TriggerKind } from "./kind.ts";
+
+/** HTTP methods a function can be bound to. */
+export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
+export type HttpMethod = (typeof HTTP_METHODS)[number];
+
+/** `{ http: "METHOD /path" }`. */
+export type HttpTrigger = { readonly http: `${HttpMethod} /${string}` };
+
+/** HTTP paths the runtime answers itself: health, readiness and metrics. */
+export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
+
+const schema = z.strictObject({
+  http: z
+    .string()
+    .regex(new RegExp(`^(${HTTP_METHODS.join("|")}) /\\S*$`), `must be "METHOD /path" with METHOD one of ${HTTP_METHODS.join(", ")}`),
+}) as unknown as z.ZodType<HttpTrigger>;
+
+/** Reads an HTTP request's input: the query of a GET or DELETE, the JSON body otherwise. */
+async function httpInput(c: HonoContext): Promise<RawInput> {
+  if (c.req.method === "GET" || c.req.method === "DELETE") {
+    const queries = c.req.queries();
+    return { value: Object.fromEntries(Object.entries(queries).map(([k, v]) => [k, v.length === 1 ? v[0] : v])) };
+  }
+  return { data: new Uint8Array(await c.req.arrayBuffer()) };
+}
+
+/** A fresh header object per answer: Hono keeps and changes the one it is given. */
+const jsonType = () => ({ "content-type": "application/json" });
+
+/**
+ * One Hono app with a route per trigger. Answers are JSON; a refusal has the status of its code
+ * and the body of docs/verb.md §4; an unknown route is a JSON 404. Besides, `GET /healthz`
+ * answers 200 `{ ok: true }`, or 503 `{ ok: false, reasons }` with what `probes.live` says;
+ * `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }` with what
+ * `probes.ready` says is missing; and `GET /metrics` the metrics in Prometheus's text format.
+ */
+export function httpApp<F extends FunctionRef>(targets: readonly Target<HttpTrigger, F>[], env: Pick<BindEnv<F>, "run" | "log" | "probes" | "metrics">): Hono {
+  const app = new Hono();
+  app.get("/healthz", (c) => {
+    const dead = env.probes.live();
+    return dead.length === 0 ? c.json({ ok: true }) : c.json({ ok: false, reasons: dead }, 503);
+  });
+  app.get("/metrics", async (c) => {
+    const { text, contentType } = await env.metrics();
+    return c.body(text, 200, { "content-type": contentType });
+  });
+  app.get("/readyz", (c) => {
+    const notReady = env.probes.ready();
+    return notReady.length === 0 ? c.json({ ready: true }) : c.json({ ready: false, reasons: notReady }, 503);
+  });
+  for (const { fn, trigger } of targets) {
+    const [method, path] = trigger.http.split(" ") as [string, string];
+    app.on(method, path, async (c) => {
+      const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
+      if (outcome.ok) return c.body(jsonOf(outcome.value), 200, jsonType());
+      return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());
+    });
+  }
+  // What escapes a route (a client gone mid-request): a log line, not Hono's console output.
+  app.onError((err, c) => {
+    env.log.warn({ method: c.req.method, path: c.req.path, err: err.message }, "HTTP request not answered");
+    return c.body(errorBody(500, `the request could not be read: ${err.message}`), 500, jsonType());
+  });
+  app.notFound((c) => c.body(errorBody(404, `no function at ${c.req.method} ${c.req.path}`), 404, jsonType()));
+  return app;
+}
+
+function listen(app: Hono, host: string, port: number): Promise<ServerType> {
+  return new Promise((resolve, reject) => {
+    const server = serve({ fetch: app.fetch, hostname: host, port }, () => resolve(server));
+    server.once("error", (err: NodeJS.ErrnoException) =>
+      reject(
+        new Error(
+          err.code === "EADDRINUSE"
+            ? `HTTP port ${port} on ${host} is in use: set HTTP_PORT to another port (0 picks a free one)`
+            : `HTTP server cannot listen on ${host}:${port}: ${err.message}`,
+          { cause: err },
+        ),
+      ),
+    );
+  });
+}
+
+/**
+ * Closes the HTTP server: no new connection, idle ones closed now, those still busy after
+ * `graceMs` closed too (a client that never finishes its request cannot hold stop).
+ */
+async function closeHttp(http: ServerType, graceMs: number): Promise<void> {
+  const server = http as Server;
+  const closed = new Promise((resolve) => server.close(resolve));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+  await closed;
+  clearTimeout(timer);
+}
+
+export const http: TriggerKind<"http", HttpTrigger> = {
+  key: "http",
+  shape: '{ http: "METHOD /path" }',
+  schema,
+  checkConfig(trigger) {
+    const path = trigger.http.split(" ")[1]!;
+    return RUNTIME_PATHS.includes(path) ? [{ at: "http", message: `${path} is the runtime's own (${RUNTIME_PATHS.join(", ")})` }] : [];
+  },
+  exclusive: (trigger) => `route ${trigger.http}`,
+  describe: (trigger) => `http ${trigger.http}`,
+
+  /** Listens on the config's `http.host` and `http.port` (0: a free one); throws saying a port in use. */
+  async bind(targets, env) {
+    const { host, port } = env.config.http;
+    const server = await listen(httpApp(targets, env), host, port);
+    const bound = (server.address() as { port: number }).port;
+    return { url: `http://${host}:${bound}`, stop: () => closeHttp(server, env.graceMs) };
+  },
+};

@@ -1,0 +1,213 @@
+/**
+ * The contract types a function and the runtime share: the bucket handles a function reads and
+ * writes through, what triggered a run, the metric handles, `ctx`, the runtime's records, and how
+ * a run ends. Types only: no file of the runtime implements anything here, and every file may
+ * import it (docs/runtime.md §6).
+ */
+import type { Logger } from "pino";
+
+/** One live key of a bucket: its value as stored, its revision (stream sequence) and write time. */
+export interface Entry {
+  readonly key: string;
+  readonly value: Uint8Array;
+  readonly revision: number;
+  readonly created: Date;
+}
+
+/**
+ * The last record of a key: a live value, or a delete marker (`deleted`), whose value is what
+ * the delete left in it ({@link WriteBucket.delete} with `value`), empty otherwise.
+ */
+export interface KeyRecord extends Entry {
+  readonly deleted: boolean;
+}
+
+/** Which part of a listing to return: the keys after `after` (in key order), at most `limit` of them. */
+export interface ListOptions {
+  readonly after?: string;
+  readonly limit?: number;
+}
+
+/** A bucket a function declared under `access.reads`: it can be read, never written. */
+export interface ReadBucket {
+  /** The JetStream key-value bucket behind the handle. */
+  readonly bucket: string;
+  /** The live value of `key`, or `null` when the key is missing or deleted. */
+  get(key: string): Promise<Entry | null>;
+  /**
+   * Every live key matching any of `filters` (NATS subject wildcards `*` and `>`), in key order,
+   * narrowed by `options`. The read reflects every write acknowledged before it.
+   */
+  list(filters: string | readonly string[], options?: ListOptions): Promise<Entry[]>;
+  /** The last record of `key`, a delete marker included; `null` when the key was never written. */
+  last(key: string): Promise<KeyRecord | null>;
+  /** Like {@link list}, with the delete markers of deleted keys too. */
+  records(filters: string | readonly string[], options?: ListOptions): Promise<KeyRecord[]>;
+}
+
+/** A bucket a function declared under `access.writes`. Writes return the new revision. */
+export interface WriteBucket extends ReadBucket {
+  /** Writes `key` only if it has no live value. Throws `RevisionConflict` otherwise. */
+  create(key: string, value: Uint8Array | string): Promise<number>;
+  /**
+   * Writes `key` only if its last record (a delete marker included) is still at `revision`;
+   * 0 means the key was never written. Throws `RevisionConflict`.
+   */
+  update(key: string, value: Uint8Array | string, revision: number): Promise<number>;
+  /** Writes `key` unconditionally. */
+  put(key: string, value: Uint8Array | string): Promise<number>;
+  /**
+   * Deletes `key`. With `revision`, only if that is still its last record's revision (0: the
+   * key was never written), else throws `RevisionConflict`. With `value`, the delete
+   * marker keeps it, for {@link ReadBucket.last} and {@link ReadBucket.records} to read back;
+   * readers of live keys see the key gone either way.
+   */
+  delete(key: string, options?: { revision?: number; value?: Uint8Array | string }): Promise<number>;
+}
+
+/**
+ * A bucket read through a live view: the reads of a {@link ReadBucket}, answered from memory once
+ * the view holds every write acknowledged before the read. A key read again, unchanged, is the
+ * same object: treat what reads return as read-only.
+ */
+export interface ViewBucket extends ReadBucket {
+  /**
+   * The same reads answered from what the view holds now, without first asking the server
+   * whether it holds everything: the latest writes may be missing. For compare-and-set writers,
+   * whose write based on a stale revision fails and can be decided again.
+   */
+  readonly local: ReadBucket;
+}
+
+/** What triggered one run, as the handler sees it in `ctx.trigger`. */
+export type TriggerInfo =
+  | { readonly kind: "subject"; readonly subject: string }
+  | {
+      readonly kind: "event";
+      readonly subject: string;
+      /** With a stream: its name, the message's stream sequence and how often it was delivered. */
+      readonly stream?: string;
+      readonly sequence?: number;
+      readonly deliveries?: number;
+    }
+  | { readonly kind: "http"; readonly method: string; readonly path: string }
+  | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
+  | { readonly kind: "start" }
+  | { readonly kind: "invoke" }
+  /** A gauge's `collect`, when `GET /metrics` is scraped. */
+  | { readonly kind: "scrape" };
+
+/** The clock a function reads time from; tests may hand in their own. */
+export interface Clock {
+  now(): Date;
+}
+
+/** Label values of one sample, by label name; only the labels the metric declared. */
+export type Labels = Readonly<Record<string, string | number>>;
+
+/** A counter a function declared: it only goes up. */
+export interface CounterMetric {
+  /** Adds `value` (default 1, never negative) to the sample of `labels`. */
+  inc(value?: number, labels?: Labels): void;
+}
+
+/** A gauge a function declared: a value that goes up and down. */
+export interface GaugeMetric {
+  set(value: number, labels?: Labels): void;
+  inc(value?: number, labels?: Labels): void;
+  dec(value?: number, labels?: Labels): void;
+}
+
+/**
+ * A metric a function declares, served on `GET /metrics` beside the runtime's: a Prometheus
+ * name (`[a-zA-Z_:][a-zA-Z0-9_:]*`, once in the whole set), its help text and label names. A
+ * gauge's `collect` is called at every scrape (trigger `scrape`, same `ctx` as the handler) and
+ * the gauge is then its answer; a throw keeps the previous value and logs a warning.
+ */
+export type MetricDeclaration<Ctx = never> =
+  | { readonly type: "counter"; readonly help: string; readonly labels?: readonly string[] }
+  | {
+      readonly type: "gauge";
+      readonly help: string;
+      readonly labels?: readonly string[];
+      readonly collect?: (ctx: Ctx) => number | Promise<number>;
+    };
+
+/** The handle `ctx.metrics` holds for each declared metric, by the metric's type. */
+export type MetricHandles<Declared> = {
+  readonly [M in keyof Declared]: Declared[M] extends "counter" ? CounterMetric : GaugeMetric;
+};
+
+/** Everything a handler gets besides its input: only what its definition declared. */
+export interface Context<
+  Reads extends string = never,
+  Writes extends string = never,
+  Config = unknown,
+  Views extends string = never,
+  Declared extends Record<string, "counter" | "gauge"> = {},
+> {
+  /** The function's name: its file name without `.ts`. */
+  readonly function: string;
+  readonly trigger: TriggerInfo;
+  /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
+  readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
+  /**
+   * A live view per bucket of `access.views`: the same reads as a {@link ReadBucket}, answered
+   * from the function set's memory instead of by the server, as fresh (every write acknowledged
+   * before the read is in it) at a cost that follows the answer, not the bucket.
+   */
+  readonly views: { readonly [B in Views]: ViewBucket };
+  /** A handle per metric of the definition's `metrics`. */
+  readonly metrics: MetricHandles<Declared>;
+  readonly log: Logger;
+  /** The part of the deployment's config the function's `config` schema asked for, parsed. */
+  readonly config: Config;
+  readonly clock: Clock;
+  /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
+  readonly limits: { readonly maxPayload: number };
+  /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
+  readonly runtime: RuntimeRecords;
+  /**
+   * Publishes on the shared connection (core NATS, no acknowledgement). Throws an
+   * `AccessError` unless `subject` matches one of the definition's `access.publishes`.
+   */
+  publish(subject: string, data?: Uint8Array | string): void;
+}
+
+/** The context of a function seen from the runtime, whatever buckets and config it declared. */
+export type AnyContext = Context<string, string, unknown, string, Record<string, "counter" | "gauge">>;
+
+/** A function's last successful scheduled run (cron or start). */
+export interface Run {
+  readonly at: Date;
+  readonly trigger: "cron" | "start";
+}
+
+/** Events refused by one function: how many, and the last one. */
+export interface RefusedEvents {
+  readonly count: number;
+  readonly last?: { readonly subject: string; readonly reason: string; readonly at: string };
+}
+
+/** The runtime's records, kept in its own bucket `<seat>_runtime`, shared by every replica. */
+export interface RuntimeRecords {
+  /** The last successful scheduled run of the function named `name`, or `null` if none. */
+  lastRun(name: string): Promise<Run | null>;
+  /** Events refused (not JSON, or refused by the input schema or the handler), by function. */
+  refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, RefusedEvents>> }>;
+}
+
+/** A refusal or fault of one run: its code (SPEC §4: 400 bad input, 500 a fault) and message. */
+export interface Refusal {
+  readonly code: number;
+  readonly message: string;
+}
+
+/** How one run ended: the handler's answer, or a refusal with its code. */
+export type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: Refusal };
+
+/**
+ * A run's input as its trigger received it: a payload's bytes (JSON; empty means `{}`), or a
+ * value already read (an HTTP query).
+ */
+export type RawInput = { readonly data: Uint8Array } | { readonly value: unknown };
