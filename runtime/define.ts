@@ -1,7 +1,7 @@
 import { z } from "zod";
 import type { Logger } from "pino";
 import type { ReadBucket, WriteBucket } from "./buckets.ts";
-import type { ViewBucket } from "./views.ts";
+import type { ViewBucket } from "./views/index.ts";
 
 /** HTTP methods a function can be bound to. */
 export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;

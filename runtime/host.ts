@@ -8,7 +8,7 @@ import { JsonText } from "./json.ts";
 import type { LoadedFunction } from "./loader.ts";
 import { CLAIM_DAYS, claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
 import { subjectMatches } from "./subjects.ts";
-import { openView, type LiveView, type ViewBucket } from "./views.ts";
+import { openView, type LiveView, type ViewBucket } from "./views/index.ts";
 import { createMetrics, declareMetric, type Metrics } from "./metrics.ts";
 
 /** How one run ended: the handler's answer, or a refusal with its SPEC §4 code. */

@@ -8,7 +8,7 @@ export { ServiceError, badInput, formatIssues } from "./errors.ts";
 export { JsonText } from "./json.ts";
 export { keyedSerial } from "./serial.ts";
 export { RevisionConflict, type Entry, type KeyRecord, type ListOptions, type ReadBucket, type WriteBucket } from "./buckets.ts";
-export type { ViewBucket } from "./views.ts";
+export type { ViewBucket } from "./views/index.ts";
 export { loadFunction, loadFunctions, checkFunctions, LoadError, type LoadedFunction } from "./loader.ts";
 export { openHost, invoke, type Host, type Outcome } from "./host.ts";
 export { openSession, type Session } from "./session.ts";

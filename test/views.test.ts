@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readBucket, writeBucket, type ReadBucket, type WriteBucket } from "../runtime/buckets.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views.ts";
+import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
 import { testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must
