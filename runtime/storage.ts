@@ -10,7 +10,7 @@ import { readBucket, writeBucket } from "./buckets.ts";
 import type { Config } from "./config.ts";
 import { claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
 import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
-import { openView, type LiveView } from "./views.ts";
+import { openView, type LiveView } from "./views/index.ts";
 
 /** The opened buckets of the config, as the functions reach them. */
 export interface Storage {

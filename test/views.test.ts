@@ -6,7 +6,7 @@ import { readBucket, writeBucket } from "../runtime/buckets.ts";
 import type { ReadBucket, WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views.ts";
+import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
 import { testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must

@@ -1,0 +1,147 @@
+/**
+ * Live views of buckets: {@link openView} keeps a bucket in memory from one watch and answers
+ * reads from it once it holds every write acknowledged before them, from the server otherwise.
+ * It wires a generation (generation.ts: the tree one watch fills), freshness (freshness.ts:
+ * whether the tree is current) and resync (resync.ts: loading the bucket again when it is not).
+ */
+import type { KV, NatsConnection } from "nats";
+import type { Logger } from "pino";
+import { checkedKey } from "../buckets.ts";
+import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
+import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
+import { collect, startGeneration, type Generation } from "./generation.ts";
+import { RESYNC_MS, resyncing } from "./resync.ts";
+
+export { CATCH_UP_MS } from "./freshness.ts";
+export { MARKER_VALUE_BYTES } from "./generation.ts";
+export { RESYNC_MS } from "./resync.ts";
+
+/** A live view and how to stop it. */
+export interface LiveView extends ViewBucket {
+  /** Resolves when the view holds the bucket as it was when the view was opened. */
+  readonly loaded: Promise<void>;
+  /** The stream sequence of the last record the view applied. */
+  readonly sequence: () => number;
+  /** Stops the watch; reads go to the server from then on. */
+  stop(): void;
+}
+
+/**
+ * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
+ * every key (`$KV.<bucket>.>`, last values then updates) kept in a B+ tree by key, delete
+ * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
+ * makes sure the view holds every write acknowledged before it was asked (SPEC §4), as
+ * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
+ * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, its
+ * leader's answer, when the stream does not allow direct gets or has replicas), or else the view waits for the stream's last
+ * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would wait longer than
+ * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
+ * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
+ * holds another number of keys than the stream has subjects: it loads the bucket again,
+ * reading from `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
+ */
+export async function openView(
+  nc: NatsConnection,
+  kv: KV,
+  bucket: string,
+  server: ReadBucket,
+  log: Logger,
+  { resyncMs = RESYNC_MS }: { resyncMs?: number } = {},
+): Promise<LiveView> {
+  const jsm = await nc.jetstreamManager();
+  const { config: streamConfig } = await jsm.streams.info(`KV_${bucket}`);
+  const nothingAfter = nothingAfterProbe(nc, bucket, streamConfig);
+  let stopped = false;
+  let current: Generation | undefined;
+  const applied = () => current!.applied;
+  const fresh = catchUp({
+    bucket,
+    applied,
+    target: targetSequence(jsm, bucket, applied, nothingAfter),
+    // `resync` is set before any read can ask.
+    unavailable: () => stopped || resync.reloading(),
+    log,
+  });
+
+  const start = () =>
+    startGeneration(kv, bucket, log, {
+      applied: (generation) => {
+        if (generation === current) fresh.reached(generation.applied);
+      },
+      ended: (generation) => {
+        if (current !== generation) return;
+        stopped = true;
+        fresh.release();
+      },
+    });
+  current = await start();
+  const first = current;
+
+  const resync = resyncing({
+    jsm,
+    bucket,
+    every: resyncMs,
+    log,
+    current: () => current!,
+    stopped: () => stopped,
+    nothingAfter,
+    load: start,
+    adopt: (next) => {
+      current = next;
+      fresh.reached(next.applied);
+    },
+  });
+
+  /** A record as read: a delete marker whose value the view did not keep, read from the server. */
+  const whole = async (generation: Generation, record: KeyRecord): Promise<KeyRecord | null> =>
+    generation.cut.has(record) ? server.last(record.key) : record;
+
+  // One entry object per record, so a key read again unchanged is the same object (callers may
+  // keep what they derive from it).
+  const entries = new WeakMap<KeyRecord, Entry>();
+  const live = (record: KeyRecord): Entry => {
+    let entry = entries.get(record);
+    if (entry === undefined) {
+      const { deleted: _, ...rest } = record;
+      entry = rest;
+      entries.set(record, entry);
+    }
+    return entry;
+  };
+
+  const local: ReadBucket = Object.freeze({
+    bucket,
+    async get(key: string) {
+      const record = current!.tree.get(checkedKey(bucket, key));
+      return record === undefined || record.deleted ? null : live(record);
+    },
+    async last(key: string) {
+      const generation = current!;
+      const record = generation.tree.get(checkedKey(bucket, key));
+      return record === undefined ? null : whole(generation, record);
+    },
+    list: async (filters: string | readonly string[], options: ListOptions = {}) => collect(current!.tree, bucket, filters, options, false).map(live),
+    async records(filters: string | readonly string[], options: ListOptions = {}) {
+      const generation = current!;
+      const found = collect(generation.tree, bucket, filters, options, true);
+      if (!found.some((record) => generation.cut.has(record))) return found;
+      return (await Promise.all(found.map((record) => whole(generation, record)))).filter((record): record is KeyRecord => record !== null);
+    },
+  });
+
+  return {
+    bucket,
+    loaded: first.loaded,
+    local,
+    sequence: () => current!.applied,
+    stop: () => {
+      stopped = true;
+      resync.stop();
+      current!.watch.stop();
+    },
+    get: async (key) => ((await fresh.caughtUp()) ? local : server).get(key),
+    last: async (key) => ((await fresh.caughtUp()) ? local : server).last(key),
+    list: async (filters, options) => ((await fresh.caughtUp()) ? local : server).list(filters, options),
+    records: async (filters, options) => ((await fresh.caughtUp()) ? local : server).records(filters, options),
+  };
+}
