@@ -1,24 +1,13 @@
-import type { NatsConnection } from "nats";
-import type { Answer } from "../functions/_lib/provisioning.ts";
-import { VERB } from "../functions/_lib/provisioning.ts";
-
-/** The verb refused a request: its SPEC §4 code and message. */
-export class Refused extends Error {
-  override readonly name = "Refused";
-  constructor(
-    readonly code: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
+import { Option } from "commander";
+import { ServiceError, type NatsConnection } from "nats";
+import { NARROWINGS, VERB, VERB_SHAPE, WHATS, type Answer } from "../functions/_lib/provisioning.ts";
 
 const decoder = new TextDecoder();
 
 /**
- * Sends one request to a verb of the function set and parses its JSON answer. Throws
- * {@link Refused} with the service error of a refusal, or the request's error (no responders,
- * timeout) with a hint.
+ * Sends one request to a verb of the function set and parses its JSON answer. Throws nats.js's
+ * `ServiceError` with the code and message of a refusal (SPEC §4), or the request's error (no
+ * responders, timeout) with a hint.
  */
 export async function askVerb<T>(nc: NatsConnection, subject: string, request: Record<string, unknown>): Promise<T> {
   let reply;
@@ -32,8 +21,8 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
         : `${subject}: ${message}`,
     );
   }
-  const code = reply.headers?.get("Nats-Service-Error-Code");
-  if (code) throw new Refused(Number(code), reply.headers!.get("Nats-Service-Error"));
+  const refused = ServiceError.toServiceError(reply);
+  if (refused !== null) throw refused;
   return JSON.parse(decoder.decode(reply.data)) as T;
 }
 
@@ -55,12 +44,12 @@ export async function askAll(nc: NatsConnection, request: Record<string, unknown
   return { what: page.what, entries, outOfShape };
 }
 
-const COLUMNS: Record<Answer["what"], readonly string[]> = {
-  registry: ["kind", "module", "where"],
-  needs: ["node", "module", "kind", "name", "value"],
-  applied: ["node", "module", "value"],
-  collect: ["node", "collection", "contributor", "value"],
-};
+/** The help of the `what` argument: every `what`, `registry, needs, applied or collect`. */
+export const whatHelp = `${WHATS.slice(0, -1).join(", ")} or ${WHATS.at(-1)}`;
+
+/** An option of the command line per narrowing field: `--<field> <value>` and its help. */
+export const narrowingOptions = (): Option[] =>
+  NARROWINGS.map((field) => new Option(`--${field} <${VERB_SHAPE.narrowings[field].value}>`, VERB_SHAPE.narrowings[field].help));
 
 const WIDEST_VALUE = 72;
 
@@ -95,7 +84,7 @@ export function table(rows: readonly (readonly string[])[]): string[] {
 
 /** An answer as a readable table, then its out-of-shape keys with their reasons. */
 export function formatAnswer(answer: Answer): string {
-  const columns = COLUMNS[answer.what];
+  const { columns } = VERB_SHAPE.whats[answer.what];
   const lines =
     answer.entries.length === 0
       ? [`no ${answer.what} entries`]

@@ -19,7 +19,8 @@ import {
   toConf,
   type Running,
 } from "../runtime/index.ts";
-import { askAll, askOnce, formatAnswer, Refused } from "./ask.ts";
+import { DEFAULT_WHAT } from "../functions/_lib/provisioning.ts";
+import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
 import { askStatus, formatStatus } from "./status.ts";
 
@@ -70,15 +71,12 @@ const positive = (text: string) => {
   return Number(text);
 };
 
-program
+const ask = program
   .command("ask")
   .description("ask mesh-provisioner.provisioning and print the answer")
-  .argument("[what]", "registry, needs, applied or collect", "registry")
-  .option("--node <node>", "narrow to one node")
-  .option("--module <module>", "narrow to one module")
-  .option("--kind <kind>", "narrow to one kind")
-  .option("--contributor <contributor>", "narrow to one contributor")
-  .option("--collection <name>", "narrow to one collection, by its name (shell:zsh:normal)")
+  .argument("[what]", whatHelp, DEFAULT_WHAT);
+for (const option of narrowingOptions()) ask.addOption(option);
+ask
   .addOption(new Option("--limit <n>", "ask one page of at most n entries").argParser(positive))
   .option("--cursor <cursor>", "ask the page after this cursor (the `next` of a page)")
   .option("--json", "print the answer as JSON")
@@ -249,7 +247,8 @@ program
   });
 
 program.parseAsync().catch((err: unknown) => {
-  if (err instanceof Refused || err instanceof ServiceError) {
+  // The runtime's refusals (invoke) and the verbs' (ask, status) as nats.js reads them.
+  if (err instanceof ServiceError) {
     console.error(`mesh-provisioner: refused (${err.code}): ${err.message}`);
     process.exit(2);
   }

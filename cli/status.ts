@@ -1,6 +1,6 @@
 import type { NatsConnection } from "nats";
 import prettyMilliseconds from "pretty-ms";
-import { STATUS, type Status } from "../functions/_lib/failing.ts";
+import { STATUS, type Status } from "../functions/_lib/status.ts";
 import { askVerb, shown, table } from "./ask.ts";
 
 /** Asks `mesh-provisioner.status` once (SPEC §5) with a narrowing. */

@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, notAhead, failingEvent, providerOf } from "./_lib/failing.ts";
+import { applyEvent, notAhead, failingEvent, providerOf } from "./_lib/follower.ts";
 
 /** SPEC §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({

@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, notAhead, providerOf, recoveredEvent } from "./_lib/failing.ts";
+import { applyEvent, notAhead, providerOf, recoveredEvent } from "./_lib/follower.ts";
 
 /** SPEC §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({

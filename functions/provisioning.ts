@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { answerPage, answerSchema, cursorKey, provisioningRequest, requestFilters, VERB } from "./_lib/provisioning.ts";
+import { answerPage, answerSchema, cursorsOf, provisioningRequest, requestFilters, VERB, WHATS } from "./_lib/provisioning.ts";
 
 /** The verb of SPEC §4: read-only views of the registry and of what node clients recorded. */
 export default defineFunction({
@@ -7,10 +7,11 @@ export default defineFunction({
   triggers: [{ subject: VERB }, { http: "GET /provisioning" }],
   input: provisioningRequest,
   output: answerSchema,
-  access: { views: ["registry", "needs", "applied", "collect"] },
+  access: { views: WHATS },
   handler: async (request, ctx) => {
+    const cursors = cursorsOf(request);
     // One more than the page holds, to know whether keys remain.
-    const reached = await ctx.views[request.what].list(requestFilters(request), { after: cursorKey(request), limit: request.limit + 1 });
-    return answerPage(request, reached, ctx.limits.maxPayload);
+    const reached = await ctx.views[request.what].list(requestFilters(request), { after: cursors.after, limit: request.limit + 1 });
+    return answerPage(request, reached, ctx.limits.maxPayload, cursors);
   },
 });

@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/failing.ts";
+import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
 /** SPEC §5: whether the mesh is well, naming every failing provider until it recovers. */
 export default defineFunction({

@@ -4,7 +4,7 @@ import { setupServer } from "msw/node";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { alertsOf, postAlerts, type PostableAlert } from "../functions/_lib/alerts.ts";
-import { STATUS } from "../functions/_lib/failing.ts";
+import { STATUS } from "../functions/_lib/status.ts";
 import { invoke, loadFunction, type KeyRecord, type LoadedFunction, type Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { request, ROOT, startSet, testBus, until } from "./helpers.ts";

@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { JetStreamClient, KV, NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { STATUS } from "../functions/_lib/failing.ts";
+import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { start, type Running } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";

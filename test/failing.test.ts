@@ -1,21 +1,10 @@
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  applyEvent,
-  failingEvent,
-  failingOf,
-  compareTimes,
-  decide,
-  keptOf,
-  keptWord,
-  MAX_WORD,
-  notAhead,
-  providerOf,
-  recoveredEvent,
-  rfc3339,
-} from "../functions/_lib/failing.ts";
-import { writeBucket } from "../runtime/buckets.ts";
+import { applyEvent, decide, failingEvent, keptOf, keptWord, MAX_WORD, notAhead, providerOf, recoveredEvent } from "../functions/_lib/follower.ts";
+import { failingOf } from "../functions/_lib/status.ts";
+import { compareTimes, rfc3339 } from "../functions/_lib/times.ts";
 import { assertBuckets } from "../runtime/assert.ts";
+import { writeBucket } from "../runtime/buckets.ts";
 import type { WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import { ServiceError } from "../runtime/index.ts";

@@ -2,7 +2,7 @@ import { execFile, spawn } from "node:child_process";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { STATUS } from "../functions/_lib/failing.ts";
+import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { request, ROOT, testBus, until } from "./helpers.ts";

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, headers, type KV } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { STATUS } from "../functions/_lib/failing.ts";
+import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { loadFunctions, resolveConfig, start } from "../runtime/index.ts";
 import { spawnNatsServer } from "../runtime/nats-server.ts";

@@ -3,7 +3,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { start, type Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { STATUS } from "../functions/_lib/failing.ts";
+import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { request, testBus, until } from "./helpers.ts";
 

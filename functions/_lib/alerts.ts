@@ -1,8 +1,8 @@
 import pRetry, { AbortError } from "p-retry";
 import { z } from "zod";
 import type { KeyRecord } from "../../runtime/index.ts";
+import { keptOf } from "./follower.ts";
 import { decodeKey } from "./keys.ts";
-import { keptOf } from "./failing.ts";
 
 /** The alert name every failing triple is raised under. */
 export const ALERTNAME = "ProvisioningFailing";

@@ -85,25 +85,26 @@ export const SHAPES = {
   failing: ["provider", "machine", "consumer"],
 } as const;
 
-export type View = keyof typeof SHAPES;
-export type Field<V extends View> = (typeof SHAPES)[V][number];
-export type Fields<V extends View> = { [F in Field<V>]: string };
+/** A bucket's key shape, by the bucket's name in {@link SHAPES}. */
+export type ShapeName = keyof typeof SHAPES;
+export type Field<S extends ShapeName> = (typeof SHAPES)[S][number];
+export type Fields<S extends ShapeName> = { [F in Field<S>]: string };
 
 const plural = (n: number) => `${n} token${n === 1 ? "" : "s"}`;
 
 /**
- * Reads a key of `view`'s bucket into its fields (a collection token decoded to its name), or
- * says why the key is out of shape: its number of tokens, an empty token, a character a token
- * cannot hold, or a bad collection token.
+ * Reads a key of the bucket of shape `name` into its fields (a collection token decoded to its
+ * name), or says why the key is out of shape: its number of tokens, an empty token, a character
+ * a token cannot hold, or a bad collection token.
  */
-export function decodeKey<V extends View>(
-  view: V,
+export function decodeKey<S extends ShapeName>(
+  name: S,
   key: string,
-): { ok: true; fields: Fields<V> } | { ok: false; reason: string } {
-  const shape: readonly string[] = SHAPES[view];
+): { ok: true; fields: Fields<S> } | { ok: false; reason: string } {
+  const shape: readonly string[] = SHAPES[name];
   const tokens = key.split(".");
   if (tokens.length !== shape.length) {
-    return { ok: false, reason: `${view} keys have ${plural(shape.length)}, this has ${tokens.length}` };
+    return { ok: false, reason: `${name} keys have ${plural(shape.length)}, this has ${tokens.length}` };
   }
   const fields: Record<string, string> = {};
   for (const [i, field] of shape.entries()) {
@@ -118,18 +119,18 @@ export function decodeKey<V extends View>(
       fields[field] = text;
     }
   }
-  return { ok: true, fields: fields as Fields<V> };
+  return { ok: true, fields: fields as Fields<S> };
 }
 
 /**
- * The key filters that reach every key of `view` matching `narrowing`: the given tokens in
- * place (a collection encoded) and `*` for the others up to the last given one, then that
+ * The key filters that reach every key of shape `name` matching `narrowing`: the given tokens
+ * in place (a collection encoded) and `*` for the others up to the last given one, then that
  * prefix alone and followed by `>`, so keys with too few or too many tokens are reached too and
  * said out of shape. Only ever built from {@link token}-checked values and encoded collections:
  * no value can widen it.
  */
-export function filtersFor<V extends View>(view: V, narrowing: Partial<Fields<V>>): string[] {
-  const shape: readonly string[] = SHAPES[view];
+export function filtersFor<S extends ShapeName>(name: S, narrowing: Partial<Fields<S>>): string[] {
+  const shape: readonly string[] = SHAPES[name];
   const given = narrowing as Partial<Record<string, string>>;
   const tokens = shape.map((field) => {
     const value = given[field];

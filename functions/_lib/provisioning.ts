@@ -2,25 +2,52 @@ import { createHash } from "node:crypto";
 import { LRUCache } from "lru-cache";
 import { z } from "zod";
 import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
-import { collectionName, decodeKey, filtersFor, token, type View } from "./keys.ts";
+import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
 
 /** The verb's subject (SPEC §4). */
 export const VERB = "mesh-provisioner.provisioning";
 
-/** The narrowing fields each `what` takes (SPEC §4). */
-export const NARROWINGS = {
-  registry: ["kind"],
-  needs: ["node", "module", "kind"],
-  applied: ["node", "module"],
-  collect: ["node", "collection", "contributor"],
-} as const satisfies Partial<Record<View, readonly string[]>>;
+/**
+ * The shape of the verb (SPEC §4), its one description: each `what` it answers (the first the
+ * default), with the narrowing fields it takes and the columns the CLI's table shows of it; each
+ * narrowing field, in the order it is checked and offered, with the schema of its value and how
+ * the CLI asks for it (`--<field> <value>`, and its help).
+ */
+export const VERB_SHAPE = {
+  whats: {
+    registry: { narrowings: ["kind"], columns: ["kind", "module", "where"] },
+    needs: { narrowings: ["node", "module", "kind"], columns: ["node", "module", "kind", "name", "value"] },
+    applied: { narrowings: ["node", "module"], columns: ["node", "module", "value"] },
+    collect: { narrowings: ["node", "collection", "contributor"], columns: ["node", "collection", "contributor", "value"] },
+  },
+  narrowings: {
+    node: { schema: token, value: "node", help: "narrow to one node" },
+    module: { schema: token, value: "module", help: "narrow to one module" },
+    kind: { schema: token, value: "kind", help: "narrow to one kind" },
+    contributor: { schema: token, value: "contributor", help: "narrow to one contributor" },
+    collection: { schema: collectionName, value: "name", help: "narrow to one collection, by its name (shell:zsh:normal)" },
+  },
+} as const satisfies {
+  // Each `what` is a bucket's key shape, and narrows only by fields of its keys.
+  readonly whats: { readonly [S in ShapeName]?: { readonly narrowings: readonly Field<S>[]; readonly columns: readonly string[] } };
+  readonly narrowings: Readonly<Record<string, { readonly schema: z.ZodType<string>; readonly value: string; readonly help: string }>>;
+};
 
 /** The views the verb answers. */
-export type What = keyof typeof NARROWINGS;
+export type What = keyof typeof VERB_SHAPE.whats;
+/** A narrowing field of the request. */
+export type Narrowing = keyof typeof VERB_SHAPE.narrowings;
 
-type Narrowing = "node" | "module" | "kind" | "contributor" | "collection";
-const ALL_NARROWINGS: readonly Narrowing[] = ["node", "module", "kind", "contributor", "collection"];
+/** Every `what`, in the order of {@link VERB_SHAPE}. */
+export const WHATS = Object.keys(VERB_SHAPE.whats) as [What, ...What[]];
+/** The `what` of a request that names none. */
+export const DEFAULT_WHAT = WHATS[0];
+/** Every narrowing field, in the order of {@link VERB_SHAPE}. */
+export const NARROWINGS = Object.keys(VERB_SHAPE.narrowings) as Narrowing[];
+
+/** The narrowing fields `what` takes. */
+const narrowingsOf = (what: What): readonly Narrowing[] => VERB_SHAPE.whats[what].narrowings;
 
 export const DEFAULT_LIMIT = 1000;
 export const MAX_LIMIT = 10_000;
@@ -30,6 +57,9 @@ const count = z
   .union([z.number(), z.string().regex(/^\d+$/).transform(Number)], { error: "must be a whole number" })
   .pipe(z.number().int().min(1).max(MAX_LIMIT));
 
+type NarrowingFields = { [F in Narrowing]: z.ZodOptional<(typeof VERB_SHAPE.narrowings)[F]["schema"]> };
+const narrowingFields = Object.fromEntries(NARROWINGS.map((field) => [field, VERB_SHAPE.narrowings[field].schema.optional()])) as NarrowingFields;
+
 /**
  * The request of `mesh-provisioner.provisioning` (SPEC §4): `what` (default `registry`), the
  * narrowings that apply to it, `limit` (1 to 10,000, default 1,000) and `cursor`. An unknown
@@ -38,22 +68,16 @@ const count = z
  */
 export const provisioningRequest = z
   .strictObject({
-    what: z.enum(["registry", "needs", "applied", "collect"]).default("registry"),
-    node: token.optional(),
-    module: token.optional(),
-    kind: token.optional(),
-    contributor: token.optional(),
-    collection: collectionName.optional(),
+    what: z.enum(WHATS).default(DEFAULT_WHAT),
+    ...narrowingFields,
     limit: count.default(DEFAULT_LIMIT),
     cursor: z.string().min(1).optional(),
   })
   .superRefine((request, ctx) => {
-    const applies: readonly string[] = NARROWINGS[request.what];
-    for (const field of ALL_NARROWINGS) {
+    const applies = narrowingsOf(request.what);
+    for (const field of NARROWINGS) {
       if (request[field] !== undefined && !applies.includes(field)) {
-        const takers = Object.entries(NARROWINGS)
-          .filter(([, fields]) => (fields as readonly string[]).includes(field))
-          .map(([what]) => what);
+        const takers = WHATS.filter((what) => narrowingsOf(what).includes(field));
         ctx.addIssue({
           code: "custom",
           path: [field],
@@ -65,36 +89,44 @@ export const provisioningRequest = z
 
 export type ProvisioningRequest = z.output<typeof provisioningRequest>;
 
-/** An item of `outOfShape`: a key the narrowing reached that is not an entry, and why. */
-export interface OutOfShape {
-  readonly key: string;
-  readonly reason: string;
-}
-
-/** One page of the verb's answer (SPEC §4). */
-export interface Answer {
-  readonly what: What;
-  readonly entries: Record<string, unknown>[];
-  readonly outOfShape: OutOfShape[];
-  readonly next?: string;
-}
-
-/** An answer page as a schema, for the service's description of it ($SRV.INFO). */
-export const answerSchema = z.object({
-  what: z.enum(["registry", "needs", "applied", "collect"]),
+/**
+ * The members of an answer page (SPEC §4), in the order its JSON text writes them: the schema
+ * of the service's description ($SRV.INFO) and the page's text are both made from it.
+ */
+const ANSWER_MEMBERS = {
+  what: z.enum(WHATS),
   entries: z.array(
     z.looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() }).describe(
       "the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it",
     ),
   ),
+  // Each a key the narrowing reached that is not an entry, and why.
   outOfShape: z.array(z.object({ key: z.string(), reason: z.string() })),
   next: z.string().optional(),
-}) satisfies z.ZodType<Answer>;
+};
+
+/** An answer page as a schema, for the service's description of it ($SRV.INFO). */
+export const answerSchema = z.object(ANSWER_MEMBERS);
+
+/** One page of the verb's answer (SPEC §4). */
+export type Answer = z.output<typeof answerSchema>;
+
+const MEMBER_NAMES = Object.keys(ANSWER_MEMBERS) as (keyof Answer)[];
+
+/** An answer page's JSON text from each member's JSON text, in the order of its members; an absent one is left out. */
+function answerText(members: { readonly [M in keyof Answer]: string }): string {
+  const written: string[] = [];
+  for (const name of MEMBER_NAMES) {
+    const text = members[name];
+    if (text !== undefined) written.push(`${JSON.stringify(name)}:${text}`);
+  }
+  return `{${written.join(",")}}`;
+}
 
 /** The narrowing of a request, as key fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
   return Object.fromEntries(
-    NARROWINGS[request.what].flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])),
+    narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])),
   );
 }
 
@@ -108,29 +140,51 @@ const FINGERPRINT = 16;
 const fingerprint = (request: ProvisioningRequest) =>
   createHash("sha256").update(JSON.stringify([request.what, narrowingOf(request)])).digest("base64url").slice(0, FINGERPRINT);
 
+/** A cursor's JSON: the key its page continues after, and the fingerprint of its request. */
+const cursorJson = (after: string, of: string) => JSON.stringify({ after, of });
+const cursorOf = (after: string, of: string) => Buffer.from(cursorJson(after, of)).toString("base64url");
+/** Characters of the base64url text (unpadded) of `bytes` bytes. */
+const base64urlLength = (bytes: number) => Math.ceil((bytes * 4) / 3);
+
 /** The opaque cursor of the page after `key`, tied to the request's narrowing. */
 export function cursorAfter(request: ProvisioningRequest, key: string): string {
-  return Buffer.from(JSON.stringify({ after: key, of: fingerprint(request) })).toString("base64url");
+  return cursorOf(key, fingerprint(request));
 }
 
-/** Bytes of `{"next":"<cursor>"}` for a cursor after `key`, without making it: base64url of the cursor's JSON. */
-const nextBytes = (key: string) => 11 + Math.ceil(((Buffer.byteLength(JSON.stringify(key)) + FINGERPRINT + 18) * 4) / 3);
+/** The cursors of one request, made once for it: its fingerprint is computed once. */
+export interface Cursors {
+  /** The key the request's cursor continues after; undefined when it has none. */
+  readonly after: string | undefined;
+  /** The cursor of the page after `key`. */
+  next(key: string): string;
+  /** Characters (bytes) of {@link Cursors.next}`(key)`, without making it. */
+  length(key: string): number;
+}
 
-/** The key a request's cursor continues after; throws a 400 for a cursor not issued for it. */
-export function cursorKey(request: ProvisioningRequest): string | undefined {
-  if (request.cursor === undefined) return undefined;
+const NOT_A_CURSOR = "cursor: not a cursor of this verb; pass the `next` of the previous page";
+
+/** A request's cursors; throws a 400 for a cursor not issued for it. */
+export function cursorsOf(request: ProvisioningRequest): Cursors {
+  const of = fingerprint(request);
+  // The cursor's JSON less its key's: the same for every key.
+  const frame = Buffer.byteLength(cursorJson("", of)) - Buffer.byteLength(JSON.stringify(""));
+  return {
+    after: request.cursor === undefined ? undefined : cursorKey(request.cursor, of),
+    next: (key) => cursorOf(key, of),
+    length: (key) => base64urlLength(frame + Buffer.byteLength(JSON.stringify(key))),
+  };
+}
+
+/** The key `cursor` continues after; throws a 400 for a cursor not issued for the request of fingerprint `of`. */
+function cursorKey(cursor: string, of: string): string {
   let decoded: { after?: unknown; of?: unknown };
   try {
-    decoded = JSON.parse(Buffer.from(request.cursor, "base64url").toString("utf8"));
+    decoded = JSON.parse(Buffer.from(cursor, "base64url").toString("utf8"));
   } catch {
-    throw badInput("cursor: not a cursor of this verb; pass the `next` of the previous page");
+    throw badInput(NOT_A_CURSOR);
   }
-  if (typeof decoded?.after !== "string" || typeof decoded.of !== "string") {
-    throw badInput("cursor: not a cursor of this verb; pass the `next` of the previous page");
-  }
-  if (decoded.of !== fingerprint(request)) {
-    throw badInput("cursor: was issued for another what or narrowing; ask with the same ones");
-  }
+  if (typeof decoded?.after !== "string" || typeof decoded.of !== "string") throw badInput(NOT_A_CURSOR);
+  if (decoded.of !== of) throw badInput("cursor: was issued for another what or narrowing; ask with the same ones");
   return decoded.after;
 }
 
@@ -145,7 +199,7 @@ export type Item = { readonly entry: string } | { readonly outOfShape: string };
 const outOfShape = (key: string, reason: string): { outOfShape: string } => ({ outOfShape: JSON.stringify({ key, reason }) });
 
 /** The item of one stored key (SPEC §4): an entry, or why it is out of shape. */
-export function itemOf(what: View, entry: Entry): Item {
+export function itemOf(what: What, entry: Entry): Item {
   const decoded = decodeKey(what, entry.key);
   if (!decoded.ok) return outOfShape(entry.key, decoded.reason);
   let text: string;
@@ -184,7 +238,7 @@ const made = new LRUCache<Entry, { item: Item; size: number }>({
 });
 const REMEMBERED = 100;
 
-function madeItem(what: View, entry: Entry, remember: boolean): { item: Item; size: number } {
+function madeItem(what: What, entry: Entry, remember: boolean): { item: Item; size: number } {
   let found = remember ? made.get(entry) : undefined;
   if (found === undefined) {
     const item = itemOf(what, entry);
@@ -194,26 +248,41 @@ function madeItem(what: View, entry: Entry, remember: boolean): { item: Item; si
   return found;
 }
 
+/** The members of an empty page of `what`, as JSON text. */
+const emptyPage = (what: What) => ({ what: JSON.stringify(what), entries: "[]", outOfShape: "[]" });
+
+/**
+ * Bytes a page counts for its `next` besides the cursor: those of `,"next":""`, and one spare
+ * (pages have always been cut with it).
+ */
+const NEXT_BYTES =
+  Buffer.byteLength(answerText({ ...emptyPage(DEFAULT_WHAT), next: JSON.stringify("") })) - Buffer.byteLength(answerText(emptyPage(DEFAULT_WHAT))) + 1;
+
 /**
  * One page of the answer (SPEC §4), as JSON text of the shape of {@link Answer}, from the
  * entries the request's filters reached, in key order (those after the cursor's key, and one
  * more than `limit` is enough to know whether keys remain): after the cursor's key, at most
  * `limit` items, at most `maxPayload` bytes less a headroom. A value too large for any reply
- * is said in `outOfShape`. `next` is present only when keys remain. Throws a 400 for a cursor
- * not issued for this request.
+ * is said in `outOfShape`. `next` is present only when keys remain. `cursors` are the
+ * request's (made from it when not given, which throws a 400 for a cursor not issued for it).
  */
-export function answerPage(request: ProvisioningRequest, reached: readonly Entry[], maxPayload: number): JsonText {
-  const after = cursorKey(request);
+export function answerPage(
+  request: ProvisioningRequest,
+  reached: readonly Entry[],
+  maxPayload: number,
+  cursors: Cursors = cursorsOf(request),
+): JsonText {
+  const { after } = cursors;
   const rows = after === undefined ? reached : reached.filter((e) => e.key > after);
   const budget = maxPayload - HEADROOM;
   const entries: string[] = [];
   const outOfShapes: string[] = [];
-  let size = Buffer.byteLength(JSON.stringify({ what: request.what, entries: [], outOfShape: [] }));
+  let size = Buffer.byteLength(answerText(emptyPage(request.what)));
   let taken = 0;
   for (const row of rows) {
     if (taken === request.limit) break;
     let { item, size: itemSize } = madeItem(request.what, row, rows.length <= REMEMBERED);
-    if (size + itemSize + nextBytes(row.key) > budget) {
+    if (size + itemSize + NEXT_BYTES + cursors.length(row.key) > budget) {
       if (taken > 0) break;
       const cut = outOfShape(row.key, `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})`);
       item = cut;
@@ -224,6 +293,12 @@ export function answerPage(request: ProvisioningRequest, reached: readonly Entry
     size += itemSize;
     taken++;
   }
-  const next = taken < rows.length ? `,"next":${JSON.stringify(cursorAfter(request, rows[taken - 1]!.key))}` : "";
-  return new JsonText(`{"what":${JSON.stringify(request.what)},"entries":[${entries.join(",")}],"outOfShape":[${outOfShapes.join(",")}]${next}}`);
+  return new JsonText(
+    answerText({
+      what: JSON.stringify(request.what),
+      entries: `[${entries.join(",")}]`,
+      outOfShape: `[${outOfShapes.join(",")}]`,
+      ...(taken < rows.length ? { next: JSON.stringify(cursors.next(rows[taken - 1]!.key)) } : {}),
+    }),
+  );
 }

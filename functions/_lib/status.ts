@@ -1,0 +1,135 @@
+import { z } from "zod";
+import { formatIssues, type ReadBucket } from "../../runtime/index.ts";
+import { failingValue } from "./follower.ts";
+import { decodeKey, filtersFor, token } from "./keys.ts";
+
+/** The status verb's subject (SPEC §5). */
+export const STATUS = "mesh-provisioner.status";
+/** The function whose last scheduled run is the registry's `compiledAt`. */
+export const COMPILE_FUNCTION = "registry-compile";
+
+const decoder = new TextDecoder();
+
+/** The narrowing of status: each a token, like the verb's (SPEC §4). */
+export const statusRequest = z.strictObject({
+  provider: token.optional(),
+  machine: token.optional(),
+  consumer: token.optional(),
+});
+export type StatusRequest = z.output<typeof statusRequest>;
+
+/** One failing triple of status. */
+export interface Failing {
+  readonly provider: string;
+  readonly machine: string;
+  readonly consumer: string;
+  readonly word: string;
+  readonly since: string;
+  readonly at: string;
+}
+
+/** The status answer (SPEC §5). */
+export interface Status {
+  /** True only when nothing the narrowing reaches is failing. */
+  readonly well: boolean;
+  /** Sorted by provider, machine, consumer. */
+  readonly failing: Failing[];
+  /** Keys of the failing bucket that are no triple or hold no failing value: failing all the same. */
+  readonly outOfShape: { key: string; reason: string }[];
+  /** Keys left out (out of shape first, then failing triples) because the answer would not fit in one reply. */
+  readonly omitted: number;
+  readonly registry: { readonly kinds: string[]; readonly compiledAt: string | null };
+  /** Events the follower refused (not JSON, or not an event), since the bucket was made. */
+  readonly rejectedEvents: number;
+}
+
+const outOfShapeItem = z.object({ key: z.string(), reason: z.string() });
+
+/** The status answer as a schema, for the service's description of it ($SRV.INFO). */
+export const statusAnswer = z.object({
+  well: z.boolean(),
+  failing: z.array(z.object({ provider: z.string(), machine: z.string(), consumer: z.string(), word: z.string(), since: z.string(), at: z.string() })),
+  outOfShape: z.array(outOfShapeItem),
+  omitted: z.number().int(),
+  registry: z.object({ kinds: z.array(z.string()), compiledAt: z.string().nullable() }),
+  rejectedEvents: z.number().int(),
+}) satisfies z.ZodType<Status>;
+
+const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+const byTriple = (a: Failing, b: Failing) =>
+  order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
+
+/** The failing triples and out-of-shape keys among the live keys of the failing bucket. */
+export function failingOf(entries: readonly { key: string; value: Uint8Array }[]): Pick<Status, "failing" | "outOfShape"> {
+  const failing: Failing[] = [];
+  const outOfShape: { key: string; reason: string }[] = [];
+  for (const { key, value } of entries) {
+    const decoded = decodeKey("failing", key);
+    if (!decoded.ok) {
+      outOfShape.push({ key, reason: decoded.reason });
+      continue;
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(decoder.decode(value));
+    } catch (err) {
+      outOfShape.push({ key, reason: `value is not JSON: ${(err as Error).message}` });
+      continue;
+    }
+    const checked = failingValue.safeParse(json);
+    if (!checked.success) outOfShape.push({ key, reason: `value is not { word, since, at }: ${formatIssues(checked.error.issues)}` });
+    else failing.push({ ...decoded.fields, ...checked.data });
+  }
+  return { failing: failing.sort(byTriple), outOfShape };
+}
+
+/** How many failing triples the failing bucket holds (its live keys in shape), and how many keys are out of shape (SPEC §5). */
+export async function countFailing(failing: ReadBucket): Promise<{ failing: number; outOfShape: number }> {
+  const found = failingOf(await failing.list(">"));
+  return { failing: found.failing.length, outOfShape: found.outOfShape.length };
+}
+
+/** Bytes kept free in a reply beyond the answer's own JSON. */
+const HEADROOM = 1024;
+
+/**
+ * Status (SPEC §5) of what `request` narrows to, from the failing and registry buckets and
+ * the runtime's count of refused events. `well` is false while any reached key is failing or
+ * out of shape. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
+ * last failing triples are left out, and counted in `omitted`.
+ */
+export async function readStatus(
+  request: StatusRequest,
+  buckets: { failing: ReadBucket; registry: ReadBucket },
+  runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }> },
+  maxPayload: number,
+): Promise<Status> {
+  const [entries, kinds, compiled, refused] = await Promise.all([
+    buckets.failing.list(filtersFor("failing", request)),
+    buckets.registry.list(">"),
+    runtime.lastRun(COMPILE_FUNCTION),
+    runtime.refusedEvents(),
+  ]);
+  const { failing, outOfShape } = failingOf(entries);
+  const status: Status = {
+    well: failing.length === 0 && outOfShape.length === 0,
+    failing,
+    outOfShape,
+    omitted: 0,
+    registry: { kinds: kinds.map((e) => e.key), compiledAt: compiled?.at.toISOString() ?? null },
+    rejectedEvents: refused.count,
+  };
+  return fitted(status, maxPayload - HEADROOM);
+}
+
+/** `status` cut to `budget` bytes of JSON: out-of-shape keys go first, then failing triples from the end. */
+function fitted(status: Status, budget: number): Status {
+  const itemBytes = (item: unknown) => Buffer.byteLength(JSON.stringify(item)) + 1;
+  let size = Buffer.byteLength(JSON.stringify(status)) + 16; // room for a larger `omitted`
+  const outOfShape = [...status.outOfShape];
+  const failing = [...status.failing];
+  while (size > budget && outOfShape.length > 0) size -= itemBytes(outOfShape.pop());
+  while (size > budget && failing.length > 0) size -= itemBytes(failing.pop());
+  const omitted = status.failing.length - failing.length + status.outOfShape.length - outOfShape.length;
+  return omitted === 0 ? status : { ...status, failing, outOfShape, omitted };
+}
