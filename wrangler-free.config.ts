@@ -3,7 +3,7 @@ import { defineConfig } from "./runtime/index.ts";
 /**
  * What differs per deployment. NATS_URL, NATS_CREDS, NATS_NKEY, NATS_USER, NATS_PASSWORD,
  * NATS_TOKEN, NATS_CA, NATS_CERT, NATS_KEY, HTTP_HOST and HTTP_PORT override the fields below
- * (SPEC §6); LOG_LEVEL sets the logs.
+ * (docs/runtime.md §6); LOG_LEVEL sets the logs.
  */
 export default defineConfig({
   seat: "mesh-provisioner",
@@ -14,7 +14,7 @@ export default defineConfig({
   nats: { servers: [] },
   http: { host: "127.0.0.1", port: 8787 },
 
-  // SPEC §2. Functions name buckets by these keys in their `access`.
+  // docs/buckets.md §2. Functions name buckets by these keys in their `access`.
   buckets: {
     registry: { bucket: "mesh-provisioner_registry", writtenBy: "seat", readBy: ["nodes"] },
     needs: { bucket: "mesh-provisioner_needs", writtenBy: "nodes", readBy: ["providers"] },
@@ -23,12 +23,12 @@ export default defineConfig({
     failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
   },
 
-  // SPEC §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
+  // docs/failing.md §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
   streams: {
     events: { stream: "mesh-provisioner_events", maxAgeSeconds: 7 * 24 * 60 * 60 },
   },
 
-  // SPEC §5: what a provider publishes, `{provider}` being its name.
+  // docs/failing.md §5: what a provider publishes, `{provider}` being its name.
   providers: { publish: ["{provider}.provisioner.failing", "{provider}.provisioner.recovered"] },
 
   // The embedded server's users besides the seat (the demo mesh's nodes and providers).
@@ -37,10 +37,10 @@ export default defineConfig({
     providers: ["keycloak", "postgres", "mesh-vault"],
   },
 
-  // SPEC §5, optional: raise failing providers to Prometheus Alertmanager.
+  // docs/failing.md §5, optional: raise failing providers to Prometheus Alertmanager.
   // alerts: { alertmanager: "http://127.0.0.1:9093" },
 
-  // SPEC §3: which domain answers which kind, and where a client finds the values.
+  // docs/registry.md §3: which domain answers which kind, and where a client finds the values.
   // Names in <…> are filled in by the client.
   registry: [
     { kinds: ["config"], module: "mesh-config", bucket: "mesh-config_values", key: "<node>.<module>.<name>" },

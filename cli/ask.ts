@@ -6,7 +6,7 @@ const decoder = new TextDecoder();
 
 /**
  * Sends one request to a verb of the function set and parses its JSON answer. Throws nats.js's
- * `ServiceError` with the code and message of a refusal (SPEC §4), or the request's error (no
+ * `ServiceError` with the code and message of a refusal (docs/verb.md §4), or the request's error (no
  * responders, timeout) with a hint.
  */
 export async function askVerb<T>(nc: NatsConnection, subject: string, request: Record<string, unknown>): Promise<T> {
@@ -26,7 +26,7 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
   return JSON.parse(decoder.decode(reply.data)) as T;
 }
 
-/** Asks `mesh-provisioner.provisioning` once (SPEC §4): one page. */
+/** Asks `mesh-provisioner.provisioning` once (docs/verb.md §4): one page. */
 export function askOnce(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
   return askVerb<Answer>(nc, VERB, request);
 }
@@ -93,7 +93,11 @@ export function formatAnswer(answer: Answer): string {
           `${answer.entries.length} ${answer.what} entr${answer.entries.length === 1 ? "y" : "ies"}`,
         ];
   if (answer.outOfShape.length > 0) {
-    lines.push("", `out of shape (${answer.outOfShape.length}):`, ...answer.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`));
+    lines.push(
+      "",
+      `out of shape (${answer.outOfShape.length}):`,
+      ...answer.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
+    );
   }
   if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
   return lines.join("\n");

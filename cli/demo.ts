@@ -26,7 +26,7 @@ export async function writeDemo(config: Config): Promise<Record<string, number>>
       }
       written[node] = records.length;
     } catch (err) {
-      throw new Error(`node ${node} could not write its records: ${(err as Error).message}`);
+      throw new Error(`node ${node} could not write its records: ${(err as Error).message}`, { cause: err });
     } finally {
       await session.close();
     }
@@ -35,7 +35,7 @@ export async function writeDemo(config: Config): Promise<Record<string, number>>
 }
 
 /**
- * Publishes the demo provider's `failing` or `recovered` (SPEC §5) as the provider's own user,
+ * Publishes the demo provider's `failing` or `recovered` (docs/failing.md §5) as the provider's own user,
  * through JetStream, then waits (up to 10 s) until status shows it applied.
  */
 export async function publishDemoEvent(config: Config, kind: "failing" | "recovered"): Promise<void> {

@@ -116,9 +116,7 @@ const names = (value: string, previous: string[] = []) => [...previous, value];
 
 program
   .command("permissions")
-  .description(
-    "print the nats-server users and permissions the function set needs: the seat, each node, each provider",
-  )
+  .description("print the nats-server users and permissions the function set needs: the seat, each node, each provider")
   .option("--node <node>", "a node user to print (repeatable; default: the config's embedded nodes)", names)
   .option("--provider <provider>", "a provider user to print (repeatable; default: the config's embedded providers)", names)
   .option("--json", "print the users as JSON instead of nats-server's configuration syntax")
@@ -152,14 +150,22 @@ program
     const replicas = Math.min(3, options.size);
     writeFileSync(
       env,
-      [`NATS_URL=${cluster.urls.join(",")}`, `NATS_USER=${cluster.seat.user}`, `NATS_PASSWORD=${cluster.seat.password}`, `NATS_REPLICAS=${replicas}`, ""].join("\n"),
+      [
+        `NATS_URL=${cluster.urls.join(",")}`,
+        `NATS_USER=${cluster.seat.user}`,
+        `NATS_PASSWORD=${cluster.seat.password}`,
+        `NATS_REPLICAS=${replicas}`,
+        "",
+      ].join("\n"),
       { mode: 0o600 },
     );
     const shown = relative(process.cwd(), dir) || dir;
     console.error(
       [
         `NATS cluster ${cfg.seat}: ${options.size} servers with JetStream, the embedded default's users`,
-        ...cluster.servers.map((server, i) => `  ${server.name}  ${server.url}  (monitoring ${server.monitor}, store ${join(shown, String(i + 1))})`),
+        ...cluster.servers.map(
+          (server, i) => `  ${server.name}  ${server.url}  (monitoring ${server.monitor}, store ${join(shown, String(i + 1))})`,
+        ),
         "",
         `Its URLs, the seat's user and replicas ${replicas} are in ${join(shown, "env")}. Start replicas of the set on it,`,
         "each in a terminal of its own:",
@@ -180,7 +186,7 @@ program
     try {
       input = JSON.parse(json);
     } catch (err) {
-      throw new Error(`the input is not JSON: ${(err as Error).message}`);
+      throw new Error(`the input is not JSON: ${(err as Error).message}`, { cause: err });
     }
     const cfg = await config();
     const functions = await loadFunctions(cfg);
@@ -204,14 +210,14 @@ program
 
 program
   .command("demo")
-  .description(
-    "write the demo mesh as its node clients would, have its identity provider fail a consumer, then ask about it",
-  )
+  .description("write the demo mesh as its node clients would, have its identity provider fail a consumer, then ask about it")
   .option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`)
   .action(async (options: { recover?: boolean }) => {
     const cfg = await config();
     if (cfg.nats.servers.length > 0) {
-      throw new Error("the demo writes as the embedded nats-server's node and provider users: unset NATS_URL and run it on the embedded default");
+      throw new Error(
+        "the demo writes as the embedded nats-server's node and provider users: unset NATS_URL and run it on the embedded default",
+      );
     }
     const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
     const { provider, machine, consumer } = DEMO_FAILING;

@@ -3,7 +3,7 @@ import prettyMilliseconds from "pretty-ms";
 import { STATUS, type Status } from "../functions/_lib/status.ts";
 import { askVerb, shown, table } from "./ask.ts";
 
-/** Asks `mesh-provisioner.status` once (SPEC §5) with a narrowing. */
+/** Asks `mesh-provisioner.status` once (docs/failing.md §5) with a narrowing. */
 export function askStatus(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<Status> {
   return askVerb<Status>(nc, STATUS, narrowing);
 }
@@ -27,19 +27,17 @@ export function formatStatus(status: Status, now: Date): string {
       "",
       ...table([
         ["PROVIDER", "MACHINE", "CONSUMER", "FAILING FOR", "WORD"],
-        ...status.failing.map((f) => [
-          f.provider,
-          f.machine,
-          f.consumer,
-          failingFor(f.since, now),
-          shown(f.word, WIDEST_WORD),
-        ]),
+        ...status.failing.map((f) => [f.provider, f.machine, f.consumer, failingFor(f.since, now), shown(f.word, WIDEST_WORD)]),
       ]),
     );
   }
   if (status.omitted > 0) lines.push(`… and ${status.omitted} more (narrow with --provider, --machine or --consumer)`);
   if (status.outOfShape.length > 0) {
-    lines.push("", `out of shape (${status.outOfShape.length}):`, ...status.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`));
+    lines.push(
+      "",
+      `out of shape (${status.outOfShape.length}):`,
+      ...status.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
+    );
   }
   const { kinds, compiledAt } = status.registry;
   lines.push(

@@ -1,6 +1,6 @@
 /**
  * A small realistic mesh, as its node clients would record it: 4 nodes, 14 modules, needs of
- * every kind of SPEC §3, applied records and collections. Keys follow SPEC §2.
+ * every kind of docs/registry.md §3, applied records and collections. Keys follow docs/buckets.md §2.
  */
 import { encodeCollection } from "../functions/_lib/keys.ts";
 
@@ -223,7 +223,7 @@ export const NODES = Object.keys(PLACEMENTS);
 
 /**
  * The demo's failing provider: keycloak (the identity provider, on cedar) fails grafana, its
- * consumer on dogwood, as it would publish on `keycloak.provisioner.failing` (SPEC §5).
+ * consumer on dogwood, as it would publish on `keycloak.provisioner.failing` (docs/failing.md §5).
  */
 export const DEMO_FAILING = {
   provider: "keycloak",

@@ -2,7 +2,7 @@ import { defineFunction } from "../runtime/index.ts";
 import { alertsConfig, alertsOf, postAlerts } from "./_lib/alerts.ts";
 
 /**
- * SPEC §5 (optional): raises every failing triple to Prometheus Alertmanager and resolves it on
+ * docs/failing.md §5 (optional): raises every failing triple to Prometheus Alertmanager and resolves it on
  * recovery, sending the whole state again every 30 seconds. Off while `alerts.alertmanager`
  * is unset. It reads the follower's state, so Alertmanager being down never holds the follower.
  */

@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { applyEvent, notAhead, failingEvent, providerOf } from "./_lib/follower.ts";
 
-/** SPEC §5: a provider says it fails a consumer on a machine; the newest word is kept. */
+/** docs/failing.md §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({
   description: "Follows <provider>.provisioner.failing: keeps the newest failing word per provider, machine and consumer.",
   triggers: [{ event: "*.provisioner.failing", stream: "events" }],

@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { applyEvent, notAhead, providerOf, recoveredEvent } from "./_lib/follower.ts";
 
-/** SPEC §5: a provider says it serves a consumer on a machine again; its failing is removed. */
+/** docs/failing.md §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({
   description: "Follows <provider>.provisioner.recovered: removes a failing older than the recovery.",
   triggers: [{ event: "*.provisioner.recovered", stream: "events" }],

@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { answerPage, answerSchema, cursorsOf, provisioningRequest, requestFilters, VERB, WHATS } from "./_lib/provisioning.ts";
 
-/** The verb of SPEC §4: read-only views of the registry and of what node clients recorded. */
+/** The verb of docs/verb.md §4: read-only views of the registry and of what node clients recorded. */
 export default defineFunction({
   description: "Answers mesh-provisioner.provisioning: the registry, needs, applied and collect, narrowed and paged.",
   triggers: [{ subject: VERB }, { http: "GET /provisioning" }],

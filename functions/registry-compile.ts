@@ -2,7 +2,7 @@ import { z } from "zod";
 import { defineFunction } from "../runtime/index.ts";
 import { compileRegistry, registryTable } from "./_lib/registry.ts";
 
-/** SPEC §3: the config's registry table, compiled into the registry bucket at start and hourly. */
+/** docs/registry.md §3: the config's registry table, compiled into the registry bucket at start and hourly. */
 export default defineFunction({
   description: "Compiles the registry table into the registry bucket, writing only what differs.",
   triggers: [{ cron: "0 * * * *", onStart: true }],

@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
-/** SPEC §5: whether the mesh is well, naming every failing provider until it recovers. */
+/** docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers. */
 export default defineFunction({
   description: "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the registry, refused events.",
   triggers: [{ subject: STATUS }, { http: "GET /status" }],

@@ -139,7 +139,12 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
  * naming the stream when the server refuses (e.g. subjects another stream already captures), or
  * saying each difference when the existing one has other replicas or limits.
  */
-export async function assertStreams(jsm: JetStreamManager, config: Config, subjectsByStream: ReadonlyMap<string, readonly string[]>, log: Logger): Promise<void> {
+export async function assertStreams(
+  jsm: JetStreamManager,
+  config: Config,
+  subjectsByStream: ReadonlyMap<string, readonly string[]>,
+  log: Logger,
+): Promise<void> {
   for (const [name, subjects] of subjectsByStream) {
     const { stream, maxAgeSeconds, maxBytes, replicas = config.replicas } = config.streams[name]!;
     const wanted = { num_replicas: replicas, max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };

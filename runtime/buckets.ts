@@ -116,7 +116,13 @@ export function filterList(bucket: string, filters: string | readonly string[]):
 }
 
 /** The last records of every key matching any of `filters`, in key order, narrowed by `options`. */
-async function read(kv: KV, bucket: string, filters: string | readonly string[], deleted: boolean, options: ListOptions = {}): Promise<KeyRecord[]> {
+async function read(
+  kv: KV,
+  bucket: string,
+  filters: string | readonly string[],
+  deleted: boolean,
+  options: ListOptions = {},
+): Promise<KeyRecord[]> {
   const parts = await Promise.all(filterList(bucket, filters).map((filter) => watchOnce(kv, filter, deleted)));
   const unique = new Map<string, KeyRecord>();
   for (const entry of parts.flat()) if (options.after === undefined || entry.key > options.after) unique.set(entry.key, entry);

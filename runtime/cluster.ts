@@ -1,7 +1,7 @@
 /**
  * A local NATS cluster with JetStream on loopback ports (`npm run cluster`, and the cluster tests):
  * its servers routed to each other, each with its own store, all with the users given; a server
- * can be killed and started again on the same ports and store (docs/runtime.md §6).
+ * can be killed and started again on the same ports and store (docs/runtime.md §6.7).
  */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -52,7 +52,11 @@ export interface Cluster {
 }
 
 interface Jsz {
-  readonly meta_cluster?: { readonly leader?: string; readonly cluster_size?: number; readonly replicas?: readonly { readonly current: boolean }[] };
+  readonly meta_cluster?: {
+    readonly leader?: string;
+    readonly cluster_size?: number;
+    readonly replicas?: readonly { readonly current: boolean }[];
+  };
 }
 
 /**
@@ -116,7 +120,9 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   };
   const jsz = async (server: ClusterServer): Promise<Jsz | undefined> => {
     if (server.pid === undefined) return undefined;
-    return (await fetch(`${server.monitor}/jsz`).then((r) => r.json()).catch(() => undefined)) as Jsz | undefined;
+    return (await fetch(`${server.monitor}/jsz`)
+      .then((r) => r.json())
+      .catch(() => undefined)) as Jsz | undefined;
   };
   const ready = async (timeoutMs = 30_000) => {
     const deadline = Date.now() + timeoutMs;

@@ -1,3 +1,8 @@
+/**
+ * The deployment's config: `wrangler-free.config.ts` validated with its schema, the environment
+ * applied over it (`NATS_URL`, credentials, `HTTP_HOST`, `HTTP_PORT`, `NATS_REPLICAS`…), and
+ * folders resolved against the file's own. A contract (docs/runtime.md §6.6).
+ */
 import { existsSync } from "node:fs";
 import { dirname, relative, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -16,7 +21,7 @@ const replicas = z.union([z.literal(1), z.literal(3), z.literal(5)], "must be 1,
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */
   bucket: name,
-  /** Who writes it: the seat itself, or each node its own `<node>.>` keys (SPEC §2). */
+  /** Who writes it: the seat itself, or each node its own `<node>.>` keys (docs/buckets.md §2). */
   writtenBy: z.enum(["seat", "nodes"]),
   /** Who else reads all of it: nodes (e.g. the registry), providers (e.g. the needs). */
   readBy: z.array(z.enum(["nodes", "providers"])).default([]),
@@ -36,9 +41,17 @@ const streamSchema = z.strictObject({
   /** The JetStream stream's name. */
   stream: name,
   /** How long a message is kept, in seconds (a limits-based stream: older ones are dropped). */
-  maxAgeSeconds: z.number().int().min(1).default(7 * DAY),
+  maxAgeSeconds: z
+    .number()
+    .int()
+    .min(1)
+    .default(7 * DAY),
   /** The most bytes the stream keeps; the oldest messages go first. */
-  maxBytes: z.number().int().min(1024).default(1024 ** 3),
+  maxBytes: z
+    .number()
+    .int()
+    .min(1024)
+    .default(1024 ** 3),
   /**
    * Seconds an event handed to a replica of the set may go unacknowledged before the server
    * hands it to another: how long the events a crashed replica held wait.
@@ -144,7 +157,7 @@ const envSchema = z.object({
 });
 
 /**
- * Validates a raw config and applies the environment of SPEC §6 over it: `NATS_URL`
+ * Validates a raw config and applies the environment of docs/runtime.md §6 over it: `NATS_URL`
  * (comma-separated servers), `NATS_CREDS`, `NATS_NKEY`, `NATS_USER`, `NATS_PASSWORD`,
  * `NATS_TOKEN`, `NATS_CA`, `NATS_CERT`, `NATS_KEY`, `NATS_REPLICAS` (the config's `replicas`),
  * `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
@@ -157,7 +170,9 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   if (!vars.success) throw new ConfigError(`environment: ${formatIssues(vars.error.issues)}`);
   const e = vars.data;
   const config = parsed.data;
-  const servers = e.NATS_URL?.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  const servers = e.NATS_URL?.split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
   if (e.NATS_URL !== undefined && e.NATS_URL.trim() !== "" && servers!.length === 0) {
     throw new ConfigError(`environment: NATS_URL: holds no server URL (${JSON.stringify(e.NATS_URL)})`);
   }
@@ -174,7 +189,14 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
       password: e.NATS_PASSWORD ?? config.nats.password,
       token: e.NATS_TOKEN ?? config.nats.token,
       ...(e.NATS_CA || e.NATS_CERT || e.NATS_KEY || config.nats.tls
-        ? { tls: { ...config.nats.tls, ...(e.NATS_CA ? { ca: e.NATS_CA } : {}), ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}), ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}) } }
+        ? {
+            tls: {
+              ...config.nats.tls,
+              ...(e.NATS_CA ? { ca: e.NATS_CA } : {}),
+              ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}),
+              ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}),
+            },
+          }
         : {}),
     },
     replicas: e.NATS_REPLICAS ?? config.replicas,
@@ -186,17 +208,14 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
  * Imports the config file (default `./wrangler-free.config.ts`) and resolves it with
  * {@link resolveConfig}. Throws {@link ConfigError} when the file is missing or invalid.
  */
-export async function loadConfig(
-  file: string = resolve(CONFIG_FILE),
-  env: NodeJS.ProcessEnv = process.env,
-): Promise<Config> {
+export async function loadConfig(file: string = resolve(CONFIG_FILE), env: NodeJS.ProcessEnv = process.env): Promise<Config> {
   const path = resolve(file);
   if (!existsSync(path)) throw new ConfigError(`${file}: no such config file`);
   let module: { default?: unknown };
   try {
     module = (await import(pathToFileURL(path).href)) as { default?: unknown };
   } catch (err) {
-    throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`);
+    throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`, { cause: err });
   }
   return resolveConfig(module.default, path, env);
 }

@@ -2,22 +2,24 @@
  * The `ctx` a function gets: built once per function from its declarations (the buckets it reads
  * and writes, the views, the subjects it publishes, its metrics and config) and once per run for
  * its trigger. Whatever it did not declare is refused with an `AccessError` naming it, before
- * anything reaches the server (docs/runtime.md §6.7).
+ * anything reaches the server (docs/runtime.md §6.4).
  */
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { Config } from "./config.ts";
-import type { LoadedFunction } from "./define.ts";
+import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { AccessError } from "./errors.ts";
 import { declareMetric, type Metrics } from "./metrics.ts";
 import type { Storage } from "./storage.ts";
 import { subjectMatches } from "./subjects.ts";
-import type { AnyContext, Clock, MetricDeclaration, ReadBucket, RuntimeRecords, TriggerInfo, ViewBucket, WriteBucket } from "./types.ts";
+import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, ViewBucket, WriteBucket } from "./types.ts";
 
 /** A read handle that refuses, naming the function and bucket, any write tried through it. */
 function readOnly(fn: string, handle: ReadBucket): ReadBucket {
   const refuse = (op: string) => () => {
-    throw new AccessError(`function ${fn} cannot ${op} in bucket ${handle.bucket}: it declares the bucket in access.reads, not access.writes`);
+    throw new AccessError(
+      `function ${fn} cannot ${op} in bucket ${handle.bucket}: it declares the bucket in access.reads, not access.writes`,
+    );
   };
   return Object.freeze({ ...handle, create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") });
 }
@@ -55,7 +57,14 @@ export interface ContextOptions {
  * function's metrics happens at its first context: {@link ContextOptions.metrics} throws when a
  * name is taken.
  */
-export function contexts({ nc, config, log, clock, storage, metrics }: ContextOptions): (fn: LoadedFunction, trigger: TriggerInfo) => AnyContext {
+export function contexts({
+  nc,
+  config,
+  log,
+  clock,
+  storage,
+  metrics,
+}: ContextOptions): (fn: LoadedFunction, trigger: TriggerInfo) => AnyContext {
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
   const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
@@ -78,7 +87,13 @@ export function contexts({ nc, config, log, clock, storage, metrics }: ContextOp
     const declared: Record<string, ReturnType<typeof declareMetric>> = {};
     for (const [name, declaration] of Object.entries(fn.definition.metrics ?? {}) as [string, MetricDeclaration<AnyContext>][]) {
       const collect = declaration.type === "gauge" ? declaration.collect : undefined;
-      declared[name] = declareMetric(metrics.registry, name, declaration as MetricDeclaration<unknown>, collect && (async () => collect(context(fn, { kind: "scrape" }))), fnLog);
+      declared[name] = declareMetric(
+        metrics.registry,
+        name,
+        declaration as MetricDeclaration<unknown>,
+        collect && (async () => collect(context(fn, { kind: "scrape" }))),
+        fnLog,
+      );
     }
     shared = {
       function: fn.name,
@@ -92,7 +107,9 @@ export function contexts({ nc, config, log, clock, storage, metrics }: ContextOp
       runtime,
       publish: (subject, data) => {
         if (/[\s*>]/.test(subject) || !publishes.some((pattern) => subjectMatches(pattern, subject))) {
-          throw new AccessError(`function ${fn.name} publishes ${subject}, which its access.publishes (${publishes.join(", ") || "none"}) does not name`);
+          throw new AccessError(
+            `function ${fn.name} publishes ${subject}, which its access.publishes (${publishes.join(", ") || "none"}) does not name`,
+          );
         }
         nc.publish(subject, data);
       },

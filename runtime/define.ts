@@ -1,14 +1,61 @@
 /**
  * How a function is defined: the object a function file default-exports ({@link defineFunction}),
  * the schema the loader checks it with, and the function as loaded. The contract between a
- * function's author and the runtime (docs/runtime.md §6.1).
+ * function's author and the runtime (docs/runtime.md §6.2).
  */
 import { z } from "zod";
 import { RESERVED, reserved, SUBJECT_PATTERN } from "./subjects.ts";
-import { KINDS, kindOf, type Trigger } from "./triggers/index.ts";
-import type { Context, MetricDeclaration } from "./types.ts";
+import type { Logger } from "pino";
+import { KINDS, kindOf, type KindInfo, type Trigger } from "./triggers/index.ts";
+import type { Clock, MetricDeclaration, MetricHandles, ReadBucket, RuntimeRecords, ViewBucket, WriteBucket } from "./types.ts";
 
 export type { Trigger };
+
+/**
+ * What triggered one run, as the handler sees it in `ctx.trigger`: what each trigger kind's runs
+ * carry (`subject`, `event`, `cron` and `start`, `http`: see each kind's file), a run by `invoke`,
+ * or a gauge's `collect` when `GET /metrics` is scraped.
+ */
+export type TriggerInfo = KindInfo | { readonly kind: "invoke" } | { readonly kind: "scrape" };
+
+/** Everything a handler gets besides its input: only what its definition declared. */
+export interface Context<
+  Reads extends string = never,
+  Writes extends string = never,
+  Config = unknown,
+  Views extends string = never,
+  Declared extends Record<string, "counter" | "gauge"> = {},
+> {
+  /** The function's name: its file name without `.ts`. */
+  readonly function: string;
+  readonly trigger: TriggerInfo;
+  /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
+  readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
+  /**
+   * A live view per bucket of `access.views`: the same reads as a {@link ReadBucket}, answered
+   * from the function set's memory instead of by the server, as fresh (every write acknowledged
+   * before the read is in it) at a cost that follows the answer, not the bucket.
+   */
+  readonly views: { readonly [B in Views]: ViewBucket };
+  /** A handle per metric of the definition's `metrics`. */
+  readonly metrics: MetricHandles<Declared>;
+  readonly log: Logger;
+  /** The part of the deployment's config the function's `config` schema asked for, parsed. */
+  readonly config: Config;
+  readonly clock: Clock;
+  /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
+  readonly limits: { readonly maxPayload: number };
+  /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
+  readonly runtime: RuntimeRecords;
+  /**
+   * Publishes on the shared connection (core NATS, no acknowledgement). Throws an
+   * `AccessError` unless `subject` matches one of the definition's `access.publishes`.
+   */
+  publish(subject: string, data?: Uint8Array | string): void;
+}
+
+/** The context of a function seen from the runtime, whatever buckets and config it declared. */
+export type AnyContext = Context<string, string, unknown, string, Record<string, "counter" | "gauge">>;
 
 /** The object a function file default-exports, made with {@link defineFunction}. */
 export interface FunctionDefinition<
@@ -46,12 +93,11 @@ export interface FunctionDefinition<
   };
   /** Metrics of the function's own, by name: `ctx.metrics.<name>` in the handler. */
   readonly metrics?: {
-    readonly [M in keyof Declared]: MetricDeclaration<Context<Reads, Writes, z.output<Config>, Views, Declared>> & { readonly type: Declared[M] };
+    readonly [M in keyof Declared]: MetricDeclaration<Context<Reads, Writes, z.output<Config>, Views, Declared>> & {
+      readonly type: Declared[M];
+    };
   };
-  readonly handler: (
-    input: z.output<Input>,
-    ctx: Context<Reads, Writes, z.output<Config>, Views, Declared>,
-  ) => Output | Promise<Output>;
+  readonly handler: (input: z.output<Input>, ctx: Context<Reads, Writes, z.output<Config>, Views, Declared>) => Output | Promise<Output>;
 }
 
 /**
@@ -72,7 +118,6 @@ export function defineFunction<
   return definition;
 }
 
-
 /** A function file that passed its checks: its name is the file name without `.ts`. */
 export interface LoadedFunction {
   readonly name: string;
@@ -86,34 +131,40 @@ export interface LoadedFunction {
   readonly input: z.ZodType;
 }
 
-const zodSchema = z.custom<z.ZodType>(
-  (value) => value instanceof z.ZodType,
-  "must be a zod schema",
-);
-const zodObject = z.custom<z.ZodObject>(
-  (value) => value instanceof z.ZodObject,
-  "must be a zod object schema (z.object)",
-);
+const zodSchema = z.custom<z.ZodType>((value) => value instanceof z.ZodType, "must be a zod schema");
+const zodObject = z.custom<z.ZodObject>((value) => value instanceof z.ZodObject, "must be a zod object schema (z.object)");
 const bucketNames = z.array(z.string().min(1)).readonly();
 
 const labelNames = z
-  .array(z.string().regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, "must be a Prometheus label name").refine((l) => !l.startsWith("__"), "must not start with __ (Prometheus's own)"))
+  .array(
+    z
+      .string()
+      .regex(/^[a-zA-Z_][a-zA-Z0-9_]*$/, "must be a Prometheus label name")
+      .refine((l) => !l.startsWith("__"), "must not start with __ (Prometheus's own)"),
+  )
   .refine((labels) => new Set(labels).size === labels.length, "must not name a label twice")
   .readonly()
   .optional();
 const metricDeclaration = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("counter"), help: z.string().min(1), labels: labelNames }),
-  z.strictObject({
-    type: z.literal("gauge"),
-    help: z.string().min(1),
-    labels: labelNames,
-    collect: z.custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (ctx) => number").optional(),
-  }).refine((gauge) => gauge.collect === undefined || (gauge.labels ?? []).length === 0, { message: "a gauge with collect has no labels (collect gives one value)", path: ["labels"] }),
+  z
+    .strictObject({
+      type: z.literal("gauge"),
+      help: z.string().min(1),
+      labels: labelNames,
+      collect: z
+        .custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (ctx) => number")
+        .optional(),
+    })
+    .refine((gauge) => gauge.collect === undefined || (gauge.labels ?? []).length === 0, {
+      message: "a gauge with collect has no labels (collect gives one value)",
+      path: ["labels"],
+    }),
 ]);
 /** A Prometheus metric name. */
 export const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
 
-/** How the loader checks a default export before binding it (docs/runtime.md §6.1). */
+/** How the loader checks a default export before binding it (docs/runtime.md §6.2). */
 export const definitionSchema = z.strictObject({
   description: z.string().min(1, "must say what the function does"),
   triggers: z
@@ -154,12 +205,12 @@ export const definitionSchema = z.strictObject({
       z
         .string()
         .regex(METRIC_NAME, "must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit")
-        .refine((name) => !name.startsWith("__") && !(name in Object.prototype), "must not start with __ nor be a name every JavaScript object has"),
+        .refine(
+          (name) => !name.startsWith("__") && !(name in Object.prototype),
+          "must not start with __ nor be a name every JavaScript object has",
+        ),
       metricDeclaration,
     )
     .optional(),
-  handler: z.custom<(...args: unknown[]) => unknown>(
-    (value) => typeof value === "function",
-    "must be a function (input, ctx) => answer",
-  ),
+  handler: z.custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (input, ctx) => answer"),
 });

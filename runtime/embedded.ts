@@ -1,7 +1,7 @@
 /**
  * The embedded default's nats-server: one per state folder, started with JetStream and the users
  * given, found again by the CLI from another process through `<stateDir>/embedded.json`, and a
- * server left by a killed process stopped at the next start (docs/runtime.md §6).
+ * server left by a killed process stopped at the next start (docs/runtime.md §6.7).
  */
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";

@@ -10,7 +10,7 @@ import type { z } from "zod";
 /**
  * An error a handler throws on purpose: nats.js's `ServiceError`, `code` the NATS service error
  * code (and HTTP status) of the refusal, `message` what the caller is told. 400 is bad input,
- * 500 a fault (SPEC §4). A client reads one back from a reply with `ServiceError.toServiceError(msg)`.
+ * 500 a fault (docs/verb.md §4). A client reads one back from a reply with `ServiceError.toServiceError(msg)`.
  */
 export { ServiceError };
 
@@ -28,7 +28,7 @@ export function refusalMessage(message: string): string {
   return line.length <= MAX_MESSAGE ? line : `${line.slice(0, MAX_MESSAGE - 1)}…`;
 }
 
-/** The JSON body of a refusal (SPEC §4), its message cut by {@link refusalMessage}. */
+/** The JSON body of a refusal (docs/verb.md §4), its message cut by {@link refusalMessage}. */
 export function errorBody(code: number, message: string): string {
   return JSON.stringify({ error: { code, message: refusalMessage(message) } });
 }
@@ -59,7 +59,7 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[]): string {
 }
 
 /**
- * A function used what it did not declare in `access` (SPEC §6): a bucket it does not read or
+ * A function used what it did not declare in `access` (docs/runtime.md §6): a bucket it does not read or
  * write, a write through a read handle, a subject it does not publish. Raised in-process,
  * before anything reaches the server; the message names the function and the bucket or subject.
  */

@@ -4,11 +4,17 @@
  * knows buckets, subjects, cron and routes, nothing of what the functions do. Function files and
  * the command line import the runtime from here only (docs/runtime.md §6).
  */
-export { defineFunction, type FunctionDefinition, type LoadedFunction, type Trigger } from "./define.ts";
+export {
+  defineFunction,
+  type AnyContext,
+  type Context,
+  type FunctionDefinition,
+  type LoadedFunction,
+  type Trigger,
+  type TriggerInfo,
+} from "./define.ts";
 export type {
-  AnyContext,
   Clock,
-  Context,
   Entry,
   KeyRecord,
   ListOptions,
@@ -17,7 +23,6 @@ export type {
   RefusedEvents,
   Run,
   RuntimeRecords,
-  TriggerInfo,
   ViewBucket,
   WriteBucket,
 } from "./types.ts";

@@ -17,8 +17,11 @@ import type { Problem } from "./triggers/kind.ts";
 /** Start cannot go on: `problems` holds one sentence per file or field at fault. */
 export class LoadError extends Error {
   override readonly name = "LoadError";
-  constructor(readonly problems: readonly string[]) {
-    super(problems.join("\n"));
+  constructor(
+    readonly problems: readonly string[],
+    options?: ErrorOptions,
+  ) {
+    super(problems.join("\n"), options);
   }
 }
 
@@ -50,7 +53,7 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   try {
     module = (await import(pathToFileURL(file).href)) as { default?: unknown };
   } catch (err) {
-    throw new LoadError([`${shown(file)}: cannot be loaded: ${(err as Error).message}`]);
+    throw new LoadError([`${shown(file)}: cannot be loaded: ${(err as Error).message}`], { cause: err });
   }
   if (module.default === undefined) {
     throw new LoadError([`${shown(file)}: has no default export; export default defineFunction({...})`]);
@@ -61,7 +64,9 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   }
   const definition = module.default as FunctionDefinition;
   const input = definition.input ?? z.strictObject({});
-  const problems = definition.triggers.flatMap((trigger, i) => said(file, i, kindOf(trigger)!.checkFile?.(trigger as never, { input }) ?? []));
+  const problems = definition.triggers.flatMap((trigger, i) =>
+    said(file, i, kindOf(trigger)!.checkFile?.(trigger as never, { input }) ?? []),
+  );
   if (problems.length > 0) throw new LoadError(problems);
   return { name, file, definition, description: definition.description, output: definition.output, triggers: definition.triggers, input };
 }
@@ -101,7 +106,9 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   }
 
   for (const fn of functions) {
-    fn.definition.triggers.forEach((trigger, i) => problems.push(...said(fn.file, i, kindOf(trigger)!.checkConfig?.(trigger as never, config) ?? [])));
+    fn.definition.triggers.forEach((trigger, i) =>
+      problems.push(...said(fn.file, i, kindOf(trigger)!.checkConfig?.(trigger as never, config) ?? [])),
+    );
   }
 
   const buckets = Object.keys(config.buckets);
@@ -111,11 +118,11 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
     for (const side of ["reads", "writes", "views"] as const) {
       for (const bucket of access?.[side] ?? []) {
         if (!buckets.includes(bucket)) {
-          problems.push(
-            `${shown(fn.file)}: access.${side}: no bucket "${bucket}" in the config (it has ${buckets.join(", ")})`,
-          );
+          problems.push(`${shown(fn.file)}: access.${side}: no bucket "${bucket}" in the config (it has ${buckets.join(", ")})`);
         } else if (side === "writes" && config.buckets[bucket]!.writtenBy !== "seat") {
-          problems.push(`${shown(fn.file)}: access.writes: bucket "${bucket}" is written by nodes only (SPEC §2), never by the seat`);
+          problems.push(
+            `${shown(fn.file)}: access.writes: bucket "${bucket}" is written by nodes only (docs/buckets.md §2), never by the seat`,
+          );
         }
       }
     }

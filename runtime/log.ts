@@ -1,3 +1,7 @@
+/**
+ * The process's logger (pino): JSON lines, readable lines on a terminal, the level from
+ * `LOG_LEVEL`, and every field named like a credential written `***` at any depth. A leaf.
+ */
 import { pino, type Logger, type LoggerOptions } from "pino";
 
 /** Field names whose values are credentials, in any case: written `***` at any depth. */
@@ -18,7 +22,9 @@ export function redacted(value: unknown, depth = 0, seen = new WeakSet<object>()
   seen.add(value);
   const copy = Array.isArray(value)
     ? value.map((item) => redacted(item, depth + 1, seen))
-    : Object.fromEntries(Object.entries(value).map(([key, item]) => [key, SECRET_FIELD.test(key) ? "***" : redacted(item, depth + 1, seen)]));
+    : Object.fromEntries(
+        Object.entries(value).map(([key, item]) => [key, SECRET_FIELD.test(key) ? "***" : redacted(item, depth + 1, seen)]),
+      );
   seen.delete(value);
   return copy;
 }

@@ -1,7 +1,7 @@
 /**
  * The runtime's Prometheus metrics (runs, errors and durations by function and trigger, refused
  * events, the NATS connection) and the metrics functions declare, in one registry served on
- * `GET /metrics` (docs/runtime.md §6.8).
+ * `GET /metrics` (docs/runtime.md §6.3.5).
  */
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Logger } from "pino";
@@ -112,7 +112,12 @@ export function createMetrics(): Metrics {
       registers,
     }),
     seconds: new Histogram({ name: "function_run_seconds", help: "How long runs of a function took", labelNames: fnLabels, registers }),
-    refused: new Counter({ name: "events_refused_total", help: "Events refused and acknowledged, by function", labelNames: ["function"] as const, registers }),
+    refused: new Counter({
+      name: "events_refused_total",
+      help: "Events refused and acknowledged, by function",
+      labelNames: ["function"] as const,
+      registers,
+    }),
     connected: new Gauge({ name: "nats_connected", help: "1 while the NATS connection is up", registers }),
     reconnects: new Counter({ name: "nats_reconnects_total", help: "NATS reconnections since start", registers }),
   };

@@ -1,3 +1,7 @@
+/**
+ * Finding and spawning a `nats-server` process with a conf of our own (the embedded server, the
+ * local cluster, the test buses), on a free loopback port, and stopping it. A leaf.
+ */
 import { spawn, type ChildProcess } from "node:child_process";
 import { accessSync, constants, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
@@ -23,9 +27,7 @@ const SBIN = ["/usr/sbin", "/usr/local/sbin"];
 export function findNatsServer(env: NodeJS.ProcessEnv = process.env, sbin: readonly string[] = SBIN): string {
   const candidates = env.NATS_SERVER_BIN
     ? [env.NATS_SERVER_BIN]
-    : [...(env.PATH ?? "").split(delimiter), ...sbin]
-        .filter((dir) => dir !== "")
-        .map((dir) => join(dir, "nats-server"));
+    : [...(env.PATH ?? "").split(delimiter), ...sbin].filter((dir) => dir !== "").map((dir) => join(dir, "nats-server"));
   for (const file of candidates) {
     try {
       accessSync(file, constants.X_OK);

@@ -1,7 +1,7 @@
 /**
  * The least-privilege users of a bus for a function set, derived from what its functions declare
  * and from each trigger kind's needs: the seat's, each node's and each provider's permissions
- * (nats-server 2.9 semantics), and the list of users with them (docs/runtime.md §6.10).
+ * (nats-server 2.9 semantics), and the list of users with them (docs/runtime.md §6.7).
  */
 import type { Config } from "./config.ts";
 import type { LoadedFunction } from "./define.ts";
@@ -40,7 +40,7 @@ export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
 }
 
 /**
- * Exactly what the seat's user needs to run `functions` (docs/runtime.md §6.10): assert every
+ * Exactly what the seat's user needs to run `functions` (docs/runtime.md §6.7): assert every
  * bucket of the config and the runtime's own; read the buckets functions read or write; write
  * (`$KV.<b>.>`) only seat-written buckets functions write, and the runtime's; publish what
  * functions declare in `access.publishes`; what each trigger kind needs for its triggers (the
@@ -53,7 +53,11 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
   const claims = claimsBucket(config.seat);
   const bucketOf = (name: string) => config.buckets[name]!.bucket;
   const viewed = unique(functions.flatMap(({ definition: { access } }) => access?.views ?? []));
-  const read = functions.flatMap(({ definition: { access } }) => [...(access?.reads ?? []), ...(access?.writes ?? []), ...(access?.views ?? [])]);
+  const read = functions.flatMap(({ definition: { access } }) => [
+    ...(access?.reads ?? []),
+    ...(access?.writes ?? []),
+    ...(access?.views ?? []),
+  ]);
   const written = functions.flatMap((fn) => fn.definition.access?.writes ?? []).filter((b) => config.buckets[b]?.writtenBy === "seat");
   const kinds = KINDS.map((kind) => kind.seatGrants?.(targetsOf(functions, kind), config) ?? { publish: [], subscribe: [] });
   return {
@@ -82,7 +86,7 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
 }
 
 /**
- * A node client's permissions (SPEC §2): write its own `<node>.>` keys of the node-written
+ * A node client's permissions (docs/buckets.md §2): write its own `<node>.>` keys of the node-written
  * buckets and read them back, read the buckets read by nodes (the registry), ask the seat's
  * verbs, receive replies on its own `_INBOX.<node>.>`. It cannot touch another node's keys nor write a seat bucket.
  */
@@ -94,11 +98,10 @@ export function nodePermissions(node: string, config: Config, functions: readonl
         "$JS.API.INFO",
         // No STREAM.INFO of these: its `subjects_filter` would list other nodes' keys. A client
         // opens them with `{ bindOnly: true, allow_direct: true }`.
-        ...own.flatMap(({ bucket }) => [
-          `$KV.${bucket}.${node}.>`,
-          `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`,
-        ]),
-        ...Object.values(config.buckets).filter((b) => b.readBy.includes("nodes")).flatMap(({ bucket }) => readsBucket(bucket, "node")),
+        ...own.flatMap(({ bucket }) => [`$KV.${bucket}.${node}.>`, `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`]),
+        ...Object.values(config.buckets)
+          .filter((b) => b.readBy.includes("nodes"))
+          .flatMap(({ bucket }) => readsBucket(bucket, "node")),
         ...verbSubjects(functions),
       ]),
     },
@@ -107,7 +110,7 @@ export function nodePermissions(node: string, config: Config, functions: readonl
 }
 
 /**
- * A provider's permissions (SPEC §1, §5): publish the config's `providers.publish` subjects for
+ * A provider's permissions (docs/mesh.md §1, docs/failing.md §5): publish the config's `providers.publish` subjects for
  * itself (`{provider}` replaced by its name), read the buckets read by providers (the needs)
  * without writing them, ask the seat's verbs, receive replies on its own `_INBOX.<provider>.>`
  * (a JetStream publish's acknowledgement among them).
@@ -118,7 +121,9 @@ export function providerPermissions(provider: string, config: Config, functions:
       allow: unique([
         "$JS.API.INFO",
         ...config.providers.publish.map((subject) => subject.replaceAll("{provider}", provider)),
-        ...Object.values(config.buckets).filter((b) => b.readBy.includes("providers")).flatMap(({ bucket }) => readsBucket(bucket, "provider")),
+        ...Object.values(config.buckets)
+          .filter((b) => b.readBy.includes("providers"))
+          .flatMap(({ bucket }) => readsBucket(bucket, "provider")),
         ...verbSubjects(functions),
       ]),
     },

@@ -1,7 +1,7 @@
 /**
  * The runtime's records in its own buckets: the last scheduled run of each function and the
  * events each refused (`<seat>_runtime`), and the claims of scheduled runs (`<seat>_claims`),
- * all shared by every replica of the set (docs/runtime.md §6).
+ * all shared by every replica of the set (docs/buckets.md §2.5).
  */
 import { z } from "zod";
 import { RevisionConflict } from "./errors.ts";

@@ -3,26 +3,26 @@
  * 400), the input schema, the handler, its error said as a code (a `ServiceError` keeps its own,
  * anything else is a 500), the log line at the refusal's level, the run's metrics, and the
  * runtime's records: a scheduled run's success, an event's refusal. No binding does any of this
- * itself (docs/runtime.md §6.7).
+ * itself (docs/runtime.md §6.2.1).
  */
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
-import type { LoadedFunction } from "./define.ts";
+import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import { JsonText } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
-import type { AnyContext, Clock, Outcome, RawInput, Refusal, TriggerInfo } from "./types.ts";
+import type { Clock, Outcome, RawInput, Refusal } from "./types.ts";
 
 /** Runs the functions of a set on one connection, with their storage, metrics and records. */
 export interface Runner {
   readonly nc: NatsConnection;
   readonly config: Config;
   readonly log: Logger;
-  /** The runtime's records (docs/runtime.md §6.7): scheduled runs, refused events, claims. */
+  /** The runtime's records (docs/runtime.md §6.2.1): scheduled runs, refused events, claims. */
   readonly records: Recorder;
   /** The runtime's Prometheus metrics and the functions' own. */
   readonly metrics: Metrics;
@@ -121,7 +121,11 @@ export async function openRunner({ nc, config, log, clock = { now: () => new Dat
     if (!outcome.ok && outcome.error.code < 500 && trigger.kind === "event") {
       metrics.refused.inc({ function: fn.name });
       try {
-        await records.refused(fn.name, { subject: trigger.subject, reason: outcome.error.message, at: new Date().toISOString() }, trigger.sequence);
+        await records.refused(
+          fn.name,
+          { subject: trigger.subject, reason: outcome.error.message, at: new Date().toISOString() },
+          trigger.sequence,
+        );
       } catch (err) {
         log.error({ function: fn.name, err }, "refused event not counted; it will be delivered again");
         return { ok: false, error: { code: 500, message: refusalMessage(`the refusal could not be counted: ${(err as Error).message}`) } };

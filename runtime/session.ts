@@ -2,7 +2,7 @@
  * The connection to the bus: the configured servers with the seat's credentials (a creds file, an
  * nkey seed, a user and password, a token, or those written in a URL; TLS files), or the
  * embedded server of the state folder, found running or started with the users given. Secrets
- * are read only from files their owner alone may read, and never shown (docs/runtime.md §6.10).
+ * are read only from files their owner alone may read, and never shown (docs/runtime.md §6.7).
  */
 import { readFileSync, statSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from "nats";
@@ -30,22 +30,20 @@ function readSecret(what: string, file: string): Buffer {
     if (!stat.isFile()) throw new Error("it is not a file");
     mode = stat.mode;
   } catch (err) {
-    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`, { cause: err });
   }
   if ((mode & 0o077) !== 0) {
-    throw new Error(
-      `${what} ${file} is open to others than its owner (mode ${(mode & 0o777).toString(8)}): run chmod 600 ${file}`,
-    );
+    throw new Error(`${what} ${file} is open to others than its owner (mode ${(mode & 0o777).toString(8)}): run chmod 600 ${file}`);
   }
   try {
     return readFileSync(file);
   } catch (err) {
-    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`, { cause: err });
   }
 }
 
 /**
- * The nats.js options for the credentials of `config.nats` (SPEC §6): a creds file (JWT +
+ * The nats.js options for the credentials of `config.nats` (docs/runtime.md §6): a creds file (JWT +
  * nkey), an nkey seed file, a user and password, or a token, else those written in a server URL;
  * and TLS files when set (a CA to trust the server, a client certificate and key when the
  * server asks for one). Throws naming
@@ -100,7 +98,7 @@ function readable(what: string, file: string): string {
     if (!statSync(file).isFile()) throw new Error("it is not a file");
     readFileSync(file);
   } catch (err) {
-    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`);
+    throw new Error(`${what} ${file} cannot be read: ${(err as Error).message}`, { cause: err });
   }
   return file;
 }
@@ -140,17 +138,26 @@ export async function connectTo(servers: readonly string[], options: Partial<Con
     // No async stack traces: they cost an Error per request, and errors are logged by message.
     // Credentials refused while reconnecting (a server restarting, being reconfigured) are
     // tried again like any failure, not the end of the connection.
-    return await connect({ servers: bare, name: options.name, maxReconnectAttempts: -1, timeout: 5000, inboxPrefix, noAsyncTraces: true, ignoreAuthErrorAbort: true, ...options });
+    return await connect({
+      servers: bare,
+      name: options.name,
+      maxReconnectAttempts: -1,
+      timeout: 5000,
+      inboxPrefix,
+      noAsyncTraces: true,
+      ignoreAuthErrorAbort: true,
+      ...options,
+    });
   } catch (err) {
     const { code, message } = err as { code?: string; message: string };
     const reason =
       code === "BAD_CREDS"
         ? "the creds file is not a NATS creds file (a user JWT and its nkey seed)"
         : code === "AUTHORIZATION_VIOLATION"
-        ? "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
-        : code === "TIMEOUT"
-          ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
-          : message;
+          ? "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
+          : code === "TIMEOUT"
+            ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
+            : message;
     throw new Error(`cannot connect to ${servers.map(withoutPassword).join(", ")}: ${reason}`, { cause: err });
   }
 }
@@ -206,7 +213,8 @@ export async function openSession(config: Config, options: SessionOptions): Prom
     const nc = await connectTo([running.url], { name, user: credentials.user, pass: credentials.password });
     return { nc, url: running.url, close: () => drained(nc) };
   }
-  if (options.users === undefined) throw new Error(`no NATS_URL is set and no users are given to start the embedded nats-server of ${stateDir}`);
+  if (options.users === undefined)
+    throw new Error(`no NATS_URL is set and no users are given to start the embedded nats-server of ${stateDir}`);
   const embedded = await startEmbedded({ stateDir, users: options.users, maxPayload: options.maxPayload });
   try {
     const as: Credentials | undefined = user === config.seat ? embedded.seat : embedded.users[user];

@@ -146,7 +146,10 @@ export async function start(options: StartOptions): Promise<Running> {
       readyMs: Math.round(performance.now() - began),
       stop,
     };
-    log.info({ nats: running.natsUrl, http: running.httpUrl, readyMs: running.readyMs, functions: functions.map((fn) => fn.name) }, "started");
+    log.info(
+      { nats: running.natsUrl, http: running.httpUrl, readyMs: running.readyMs, functions: functions.map((fn) => fn.name) },
+      "started",
+    );
     return running;
   } catch (err) {
     await stop().catch(() => {});

@@ -1,7 +1,7 @@
 /**
  * The set's storage as functions reach it: the buckets asserted ({@link assertBuckets}), a read
  * or write handle of each, a live view of each bucket some function views, and the runtime's
- * records (docs/runtime.md §6.7).
+ * records (docs/runtime.md §6.4).
  */
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
@@ -52,7 +52,10 @@ export async function openStorage(nc: NatsConnection, config: Config, log: Logge
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket),
     view: (name) => views.get(name) ?? { ...read(name), local: read(name) },
-    records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat))),
+    records: recorder(
+      writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
+      writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
+    ),
     close: () => {
       for (const view of views.values()) view.stop();
     },

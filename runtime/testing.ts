@@ -134,8 +134,17 @@ export async function startTestCluster(config: Config, options: Omit<TestBusOpti
     providers: options.providers ?? config.embedded.providers,
   });
   // And an operator who may do anything: a test's view from outside ($SRV.STATS, stream infos).
-  const operator: AuthorizedUser = { role: "seat", user: OPERATOR, permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } };
-  const cluster = await startCluster({ stateDir: dir, users: [...users, operator], maxPayload: options.maxPayload, name: `${config.seat}-test` });
+  const operator: AuthorizedUser = {
+    role: "seat",
+    user: OPERATOR,
+    permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
+  };
+  const cluster = await startCluster({
+    stateDir: dir,
+    users: [...users, operator],
+    maxPayload: options.maxPayload,
+    name: `${config.seat}-test`,
+  });
   const opened: NatsConnection[] = [];
   const on = (servers: readonly string[]): Config => ({
     ...config,

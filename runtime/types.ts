@@ -2,7 +2,7 @@
  * The contract types a function and the runtime share: the bucket handles a function reads and
  * writes through, what triggered a run, the metric handles, `ctx`, the runtime's records, and how
  * a run ends. Types only: no file of the runtime implements anything here, and every file may
- * import it (docs/runtime.md §6).
+ * import it (docs/runtime.md §6.4).
  */
 import type { Logger } from "pino";
 
@@ -79,24 +79,6 @@ export interface ViewBucket extends ReadBucket {
   readonly local: ReadBucket;
 }
 
-/** What triggered one run, as the handler sees it in `ctx.trigger`. */
-export type TriggerInfo =
-  | { readonly kind: "subject"; readonly subject: string }
-  | {
-      readonly kind: "event";
-      readonly subject: string;
-      /** With a stream: its name, the message's stream sequence and how often it was delivered. */
-      readonly stream?: string;
-      readonly sequence?: number;
-      readonly deliveries?: number;
-    }
-  | { readonly kind: "http"; readonly method: string; readonly path: string }
-  | { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date }
-  | { readonly kind: "start" }
-  | { readonly kind: "invoke" }
-  /** A gauge's `collect`, when `GET /metrics` is scraped. */
-  | { readonly kind: "scrape" };
-
 /** The clock a function reads time from; tests may hand in their own. */
 export interface Clock {
   now(): Date;
@@ -138,45 +120,6 @@ export type MetricHandles<Declared> = {
   readonly [M in keyof Declared]: Declared[M] extends "counter" ? CounterMetric : GaugeMetric;
 };
 
-/** Everything a handler gets besides its input: only what its definition declared. */
-export interface Context<
-  Reads extends string = never,
-  Writes extends string = never,
-  Config = unknown,
-  Views extends string = never,
-  Declared extends Record<string, "counter" | "gauge"> = {},
-> {
-  /** The function's name: its file name without `.ts`. */
-  readonly function: string;
-  readonly trigger: TriggerInfo;
-  /** A handle per declared bucket: read handles for `access.reads`, write handles for `access.writes`. */
-  readonly buckets: { readonly [B in Reads]: ReadBucket } & { readonly [B in Writes]: WriteBucket };
-  /**
-   * A live view per bucket of `access.views`: the same reads as a {@link ReadBucket}, answered
-   * from the function set's memory instead of by the server, as fresh (every write acknowledged
-   * before the read is in it) at a cost that follows the answer, not the bucket.
-   */
-  readonly views: { readonly [B in Views]: ViewBucket };
-  /** A handle per metric of the definition's `metrics`. */
-  readonly metrics: MetricHandles<Declared>;
-  readonly log: Logger;
-  /** The part of the deployment's config the function's `config` schema asked for, parsed. */
-  readonly config: Config;
-  readonly clock: Clock;
-  /** `maxPayload`: bytes, the largest message the NATS connection may carry. */
-  readonly limits: { readonly maxPayload: number };
-  /** What the runtime recorded about the whole function set: scheduled runs, refused events. */
-  readonly runtime: RuntimeRecords;
-  /**
-   * Publishes on the shared connection (core NATS, no acknowledgement). Throws an
-   * `AccessError` unless `subject` matches one of the definition's `access.publishes`.
-   */
-  publish(subject: string, data?: Uint8Array | string): void;
-}
-
-/** The context of a function seen from the runtime, whatever buckets and config it declared. */
-export type AnyContext = Context<string, string, unknown, string, Record<string, "counter" | "gauge">>;
-
 /** A function's last successful scheduled run (cron or start). */
 export interface Run {
   readonly at: Date;
@@ -197,7 +140,7 @@ export interface RuntimeRecords {
   refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, RefusedEvents>> }>;
 }
 
-/** A refusal or fault of one run: its code (SPEC §4: 400 bad input, 500 a fault) and message. */
+/** A refusal or fault of one run: its code (docs/verb.md §4: 400 bad input, 500 a fault) and message. */
 export interface Refusal {
   readonly code: number;
   readonly message: string;

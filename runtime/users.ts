@@ -18,7 +18,7 @@ export interface Permissions {
   readonly subscribe: { readonly allow: readonly string[] };
 }
 
-/** The three roles of the mesh's bus as this function set sees them (SPEC §1, §2). */
+/** The three roles of the mesh's bus as this function set sees them (docs/mesh.md §1, docs/buckets.md §2). */
 export type Role = "seat" | "node" | "provider";
 
 /** A user of nats-server's `authorization.users`: credentials are added by whoever writes the conf. */
@@ -50,9 +50,11 @@ const USER_NAME = /^[A-Za-z0-9_/=-]+$/;
  */
 export function checkUserNames(names: readonly string[]): void {
   const bad = names.filter((n) => !USER_NAME.test(n));
-  if (bad.length > 0) throw new Error(`a user's name must be one token (A-Z a-z 0-9 - _ / =): ${bad.map((n) => JSON.stringify(n)).join(", ")}`);
+  if (bad.length > 0)
+    throw new Error(`a user's name must be one token (A-Z a-z 0-9 - _ / =): ${bad.map((n) => JSON.stringify(n)).join(", ")}`);
   const twice = names.filter((n, i) => names.indexOf(n) !== i);
-  if (twice.length > 0) throw new Error(`a user is named twice (the seat, nodes and providers share one namespace): ${[...new Set(twice)].join(", ")}`);
+  if (twice.length > 0)
+    throw new Error(`a user is named twice (the seat, nodes and providers share one namespace): ${[...new Set(twice)].join(", ")}`);
 }
 
 /**

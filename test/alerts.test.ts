@@ -79,7 +79,9 @@ describe("Alertmanager", () => {
     await emit("failing", { machine: "birch", consumer: "caddy", word: "no issuer", at: "2026-11-29T13:00:00Z" });
     await until(async () => (await failingOf("birch")).length === 1);
     const failure = await invoke(set.runner, alerts).catch((e: unknown) => e);
-    expect((failure as Error).message).toMatch(/^alerts failed: Alertmanager at http:\/\/alertmanager\.test:9093\/api\/v2\/alerts answered 500/);
+    expect((failure as Error).message).toMatch(
+      /^alerts failed: Alertmanager at http:\/\/alertmanager\.test:9093\/api\/v2\/alerts answered 500/,
+    );
     expect(received.length - before).toBeGreaterThanOrEqual(3); // the first try and 2 retries
     // The follower went on meanwhile.
     await emit("failing", { machine: "birch", consumer: "caddy", word: "issuer moved", at: "2026-11-29T13:01:00Z" });
@@ -118,10 +120,15 @@ describe("postAlerts", () => {
         return HttpResponse.text("no", { status: 400 });
       }),
     );
-    const failure = await postAlerts({ alertmanager: "http://am:s3cret@am.test", retries: 0, backoffMs: 1, timeoutMs: 1000 }, []).catch((e: Error) => e);
+    const failure = await postAlerts({ alertmanager: "http://am:s3cret@am.test", retries: 0, backoffMs: 1, timeoutMs: 1000 }, []).catch(
+      (e: Error) => e,
+    );
     expect(authorization).toBe(`Basic ${Buffer.from("am:s3cret").toString("base64")}`);
     expect((failure as Error).message).toBe("Alertmanager at http://am.test/api/v2/alerts answered 400: no");
-    const unreachable = await postAlerts({ alertmanager: "http://am:s3cret@127.0.0.1:1", retries: 0, backoffMs: 1, timeoutMs: 1000 }, []).catch((e: Error) => e);
+    const unreachable = await postAlerts(
+      { alertmanager: "http://am:s3cret@127.0.0.1:1", retries: 0, backoffMs: 1, timeoutMs: 1000 },
+      [],
+    ).catch((e: Error) => e);
     expect((unreachable as Error).message).toMatch(/^Alertmanager at http:\/\/127\.0\.0\.1:1\/api\/v2\/alerts cannot be reached: /);
     expect((unreachable as Error).message).not.toContain("s3cret");
   });

@@ -54,9 +54,7 @@ interface Started {
 function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): Promise<Started> {
   const [command, args] = viaNpm ? ["npm", ["start", "--", "-c", config]] : ["node", [BIN, "-c", config, "start"]];
   const child = spawn(command, args, { env: cleanEnv(env), cwd: ROOT });
-  const exited = new Promise<number | string | null>((resolve) =>
-    child.once("exit", (code, signal) => resolve(code ?? signal)),
-  );
+  const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
   let out = "";
   let err = "";
   child.stdout!.on("data", (d) => (out += d));
@@ -110,7 +108,9 @@ describe("the embedded default, end to end", () => {
     // The demo's identity provider fails grafana on dogwood until it recovers.
     const failing = await cli(config, ["status"]);
     expect(failing.code).toBe(1);
-    expect(failing.stdout).toMatch(/^NOT WELL: 1 failing\n\nPROVIDER +MACHINE +CONSUMER +FAILING FOR +WORD\nkeycloak +dogwood +grafana +\d+s +invalid_client: /);
+    expect(failing.stdout).toMatch(
+      /^NOT WELL: 1 failing\n\nPROVIDER +MACHINE +CONSUMER +FAILING FOR +WORD\nkeycloak +dogwood +grafana +\d+s +invalid_client: /,
+    );
     expect(failing.stdout).toMatch(/^registry: 13 kinds, compiled \d+s ago \(/m);
     expect(JSON.parse((await cli(config, ["status", "--machine", "dogwood", "--json"])).stdout).failing[0]).toMatchObject({
       provider: "keycloak",
@@ -124,7 +124,15 @@ describe("the embedded default, end to end", () => {
 
     const ask = await cli(config, ["ask", "needs", "--node", "birch", "--module", "gitea"]);
     expect(ask.code).toBe(0);
-    expect(ask.stdout.split("\n").map((line) => line.trimEnd().split(/\s{2,}/).slice(0, 4).join("|"))).toEqual([
+    expect(
+      ask.stdout.split("\n").map((line) =>
+        line
+          .trimEnd()
+          .split(/\s{2,}/)
+          .slice(0, 4)
+          .join("|"),
+      ),
+    ).toEqual([
       "NODE|MODULE|KIND|NAME",
       "birch|gitea|bound|postgres/address",
       "birch|gitea|collected|ssh-keys",
@@ -137,7 +145,9 @@ describe("the embedded default, end to end", () => {
     ]);
     const whole = await cli(config, ["ask", "needs", "--node", "birch"]);
     expect(whole.stdout).toContain("18 needs entries");
-    const json = JSON.parse((await cli(config, ["ask", "collect", "--collection", "shell:zsh:normal", "--node", "birch", "--json"])).stdout);
+    const json = JSON.parse(
+      (await cli(config, ["ask", "collect", "--collection", "shell:zsh:normal", "--node", "birch", "--json"])).stdout,
+    );
     expect(json.entries.map((e: { contributor: string }) => e.contributor)).toEqual(["docker", "gitea"]);
 
     const refused = await cli(config, ["ask", "needs", "--node", "n1.>"]);
@@ -241,7 +251,9 @@ export default defineFunction({
     children.push(first.child);
     const second = await cli(config, ["start"]);
     expect(second.code).toBe(1);
-    expect(second.stderr).toMatch(/^mesh-provisioner: the embedded nats-server of this folder \(nats:\/\/127\.0\.0\.1:\d+\) is in use by process \d+/);
+    expect(second.stderr).toMatch(
+      /^mesh-provisioner: the embedded nats-server of this folder \(nats:\/\/127\.0\.0\.1:\d+\) is in use by process \d+/,
+    );
 
     const orphan = (JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number }).pid;
     first.child.kill("SIGKILL");
@@ -270,6 +282,8 @@ export default defineFunction({
     dirs.push(dir);
     const result = await cli(config, ["start"]);
     expect(result.code).toBe(1);
-    expect(result.stderr).toMatch(/^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/);
+    expect(result.stderr).toMatch(
+      /^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/,
+    );
   });
 });

@@ -139,7 +139,13 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
   it("connect to different servers, and keep every bucket and the events stream with 3 replicas", async () => {
     expect(b.runner.nc.info?.server_name).toBe(tc.cluster.servers[1]!.name);
     const jsm = await operator.jetstreamManager();
-    for (const stream of ["KV_mesh-provisioner_needs", "KV_mesh-provisioner_failing", "KV_mesh-provisioner_runtime", "KV_mesh-provisioner_claims", EVENTS]) {
+    for (const stream of [
+      "KV_mesh-provisioner_needs",
+      "KV_mesh-provisioner_failing",
+      "KV_mesh-provisioner_runtime",
+      "KV_mesh-provisioner_claims",
+      EVENTS,
+    ]) {
       const info = await jsm.streams.info(stream);
       expect([stream, info.config.num_replicas, (info.cluster?.replicas ?? []).length]).toEqual([stream, 3, 2]);
     }
@@ -175,13 +181,16 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     for (let i = 0; i < events.length; i += 100) {
       await Promise.all(
         events.slice(i, i + 100).map((e, j) => {
-          const body = e.kind === "failing" ? { machine: "spread", consumer: e.consumer, word: e.word, at: e.at } : { machine: "spread", consumer: e.consumer, at: e.at };
+          const body =
+            e.kind === "failing"
+              ? { machine: "spread", consumer: e.consumer, word: e.word, at: e.at }
+              : { machine: "spread", consumer: e.consumer, at: e.at };
           return emit(e.provider, e.kind, body, `spread-${i + j}`);
         }),
       );
     }
     await settled();
-    const runs = [(await eventRuns(a.httpUrl)), (await eventRuns(b.httpUrl))];
+    const runs = [await eventRuns(a.httpUrl), await eventRuns(b.httpUrl)];
     expect(runs[0]! + runs[1]! - runsBefore).toBe(1000);
     expect(Object.keys(model).length).toBeGreaterThan(10);
     expect(await failingOn(a.httpUrl, "spread")).toEqual(model);
@@ -206,7 +215,11 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     // From 15 s after the kill, every verb request succeeds, and both replicas answer.
     await new Promise((r) => setTimeout(r, Math.max(0, killedAt + 15_000 - Date.now())));
     const before = await requestsByInstance();
-    const replies = await Promise.all(Array.from({ length: 200 }, () => request(birch, VERB, { what: "needs", node: "birch" }).catch((e: Error) => ({ errorCode: e.message }))));
+    const replies = await Promise.all(
+      Array.from({ length: 200 }, () =>
+        request(birch, VERB, { what: "needs", node: "birch" }).catch((e: Error) => ({ errorCode: e.message })),
+      ),
+    );
     expect(replies.filter((r) => r.errorCode !== undefined)).toEqual([]);
     const after = await requestsByInstance();
     for (const [id, n] of after) expect(n - (before.get(id) ?? 0)).toBeGreaterThan(0);

@@ -5,7 +5,7 @@ import type { TestBus } from "../runtime/testing.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import { request, startSet, testBus } from "./helpers.ts";
 
-// SPEC §4: an answer reflects every write acknowledged before the request was sent. The verb
+// docs/verb.md §4: an answer reflects every write acknowledged before the request was sent. The verb
 // answers from a live view of each bucket, so these write and ask at once, never sleeping.
 
 let bus: TestBus;
@@ -74,7 +74,13 @@ describe("the verb reads its own writes", () => {
     const keys = new Set<string>();
     let cursor: string | undefined;
     do {
-      const { body } = await request(asker, VERB, { what: "needs", node: "cedar", module: "load", limit: 10_000, ...(cursor ? { cursor } : {}) });
+      const { body } = await request(asker, VERB, {
+        what: "needs",
+        node: "cedar",
+        module: "load",
+        limit: 10_000,
+        ...(cursor ? { cursor } : {}),
+      });
       for (const e of body.entries) keys.add(e.key);
       cursor = body.next;
     } while (cursor !== undefined);

@@ -90,7 +90,13 @@ function operatorMode() {
   const pub = (key: KeyPair) => key.getPublicKey() as unknown as string;
   const sign = (issuer: KeyPair, subject: string, name: string, nats: Record<string, unknown>) => {
     const header = b64(JSON.stringify({ typ: "JWT", alg: "ed25519-nkey" }));
-    const claims: Record<string, unknown> = { iat: Math.floor(Date.now() / 1000), iss: pub(issuer), name, sub: subject, nats: { version: 2, ...nats } };
+    const claims: Record<string, unknown> = {
+      iat: Math.floor(Date.now() / 1000),
+      iss: pub(issuer),
+      name,
+      sub: subject,
+      nats: { version: 2, ...nats },
+    };
     claims.jti = base32(createHash("sha256").update(JSON.stringify(claims)).digest());
     const body = b64(JSON.stringify(claims));
     return `${header}.${body}.${b64(issuer.sign(new TextEncoder().encode(`${header}.${body}`)))}`;
@@ -111,7 +117,14 @@ function operatorMode() {
   /** A creds file's text for a user of the account with `permissions`. */
   const creds = (name: string, permissions: AuthorizedUser["permissions"]) => {
     const user = nkeys.createUser();
-    const jwt = sign(account, pub(user), name, { type: "user", pub: permissions.publish, sub: permissions.subscribe, subs: -1, data: -1, payload: -1 });
+    const jwt = sign(account, pub(user), name, {
+      type: "user",
+      pub: permissions.publish,
+      sub: permissions.subscribe,
+      subs: -1,
+      data: -1,
+      payload: -1,
+    });
     const seed = new TextDecoder().decode(user.getSeed());
     return `-----BEGIN NATS USER JWT-----\n${jwt}\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n${seed}\n------END USER NKEY SEED------\n`;
   };
@@ -130,7 +143,8 @@ describe("credentials", () => {
     servers.push(bus);
     const seatCreds = file("seat.creds", creds("mesh-provisioner", seat().permissions));
     const alderCreds = creds("alder", alder().permissions);
-    const asAlder = () => connect({ servers: bus.url, authenticator: credsAuthenticator(new TextEncoder().encode(alderCreds)), inboxPrefix: "_INBOX.alder" });
+    const asAlder = () =>
+      connect({ servers: bus.url, authenticator: credsAuthenticator(new TextEncoder().encode(alderCreds)), inboxPrefix: "_INBOX.alder" });
     expect(await serves(configWith(bus.url, { NATS_CREDS: seatCreds }), asAlder)).toBe(13);
   });
 
@@ -162,7 +176,9 @@ describe("credentials", () => {
 
   it("connects with a token", async () => {
     const bus = await server("token", { authorization: { token: "s3cret-token" } });
-    expect(await serves(configWith(bus.url, { NATS_TOKEN: "s3cret-token" }), () => connect({ servers: bus.url, token: "s3cret-token" }))).toBe(13);
+    expect(
+      await serves(configWith(bus.url, { NATS_TOKEN: "s3cret-token" }), () => connect({ servers: bus.url, token: "s3cret-token" })),
+    ).toBe(13);
   });
 
   it("says a refused connection plainly", async () => {
@@ -186,7 +202,23 @@ describe("credentials", () => {
     ] as const) {
       openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${name}`);
       writeFileSync(join(dir, `${name}.ext`), `${extra}\n`);
-      openssl("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.pem`, "-days", "2", "-extfile", `${name}.ext`);
+      openssl(
+        "x509",
+        "-req",
+        "-in",
+        `${name}.csr`,
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        `${name}.pem`,
+        "-days",
+        "2",
+        "-extfile",
+        `${name}.ext`,
+      );
       chmodSync(join(dir, `${name}.key`), 0o600);
     }
     const bus = await server("tls", {
@@ -199,10 +231,21 @@ describe("credentials", () => {
       },
     });
     const tls = { caFile: join(dir, "ca.pem"), certFile: join(dir, "client.pem"), keyFile: join(dir, "client.key") };
-    const env = { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile, NATS_CERT: tls.certFile, NATS_KEY: tls.keyFile };
-    expect(await serves(configWith(bus.url, env), () => connect({ servers: bus.url, user: "alder", pass: "alder-pw", tls, inboxPrefix: "_INBOX.alder" }))).toBe(13);
-    const withoutCert = await serves(configWith(bus.url, { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile }), () =>
-      Promise.reject(new Error("unused")),
+    const env = {
+      NATS_USER: "mesh-provisioner",
+      NATS_PASSWORD: "seat-pw",
+      NATS_CA: tls.caFile,
+      NATS_CERT: tls.certFile,
+      NATS_KEY: tls.keyFile,
+    };
+    expect(
+      await serves(configWith(bus.url, env), () =>
+        connect({ servers: bus.url, user: "alder", pass: "alder-pw", tls, inboxPrefix: "_INBOX.alder" }),
+      ),
+    ).toBe(13);
+    const withoutCert = await serves(
+      configWith(bus.url, { NATS_USER: "mesh-provisioner", NATS_PASSWORD: "seat-pw", NATS_CA: tls.caFile }),
+      () => Promise.reject(new Error("unused")),
     );
     expect(withoutCert).toBe(
       `cannot connect to ${bus.url}: no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)`,

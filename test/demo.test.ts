@@ -28,10 +28,12 @@ describe("the demo mesh", () => {
 
   it("holds the collections of the issue by name, and one needs key out of shape", () => {
     const collections = new Set(
-      records.filter((r) => r.bucket === "collect").map((r) => {
-        const decoded = decodeKey("collect", r.key);
-        return decoded.ok ? decoded.fields.collection : "out of shape";
-      }),
+      records
+        .filter((r) => r.bucket === "collect")
+        .map((r) => {
+          const decoded = decodeKey("collect", r.key);
+          return decoded.ok ? decoded.fields.collection : "out of shape";
+        }),
     );
     expect(collections).toEqual(
       new Set(["shell:zsh:normal", "environment:posix", "contribution:node-hotkeys:triggers", "routes", "ssh-keys", "scrape-targets"]),

@@ -154,7 +154,11 @@ describe("event triggers", () => {
       for (let i = 0; i < 20; i++) await publish(`probe.ev.r${i}`, { n: 100 + i });
       await until(() => seen().length >= 20, 30_000, "every event handled by the replica that has its function");
       await sleep(500);
-      expect(seen().map((s) => s.n).sort((a, b) => a - b)).toEqual(Array.from({ length: 20 }, (_, i) => 100 + i));
+      expect(
+        seen()
+          .map((s) => s.n)
+          .sort((a, b) => a - b),
+      ).toEqual(Array.from({ length: 20 }, (_, i) => 100 + i));
       expect((globalThis as any).__otherSeen).toBeUndefined();
     } finally {
       await set.stop();
@@ -193,7 +197,9 @@ describe("event triggers", () => {
 
   it("refuses a trigger naming a stream the config lacks", async () => {
     const failure = await start({ config: { ...probeConfig(), streams: {} } }).catch((e: unknown) => e);
-    expect((failure as Error).message).toMatch(/probe-events\.ts: triggers\.0\.stream: no stream "probe" in the config \(it has no streams\)$/);
+    expect((failure as Error).message).toMatch(
+      /probe-events\.ts: triggers\.0\.stream: no stream "probe" in the config \(it has no streams\)$/,
+    );
   });
 
   it("refuses to start with other limits than its stream has, dropping nothing", async () => {

@@ -1,6 +1,16 @@
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { applyEvent, decide, failingEvent, keptOf, keptWord, MAX_WORD, notAhead, providerOf, recoveredEvent } from "../functions/_lib/follower.ts";
+import {
+  applyEvent,
+  decide,
+  failingEvent,
+  keptOf,
+  keptWord,
+  MAX_WORD,
+  notAhead,
+  providerOf,
+  recoveredEvent,
+} from "../functions/_lib/follower.ts";
 import { failingOf } from "../functions/_lib/status.ts";
 import { compareTimes, rfc3339 } from "../functions/_lib/times.ts";
 import { assertBuckets } from "../runtime/assert.ts";
@@ -28,7 +38,17 @@ describe("event times", () => {
       expect(rfc3339.safeParse(good).success).toBe(true);
     }
     // After 9999 and before 0000 once in UTC no RFC 3339 can say them; and no time needs 600 digits.
-    for (const bad of [`2026-11-29T12:00:00.${"1".repeat(600)}Z`, "yesterday", "2026-11-29", "2026-11-29 12:00:00Z", "2026-11-29T12:00:00", "2026-02-30T12:00:00Z", 1764417600000, "9999-12-31T23:59:59-12:00", "0000-01-01T00:00:00+01:00"]) {
+    for (const bad of [
+      `2026-11-29T12:00:00.${"1".repeat(600)}Z`,
+      "yesterday",
+      "2026-11-29",
+      "2026-11-29 12:00:00Z",
+      "2026-11-29T12:00:00",
+      "2026-02-30T12:00:00Z",
+      1764417600000,
+      "9999-12-31T23:59:59-12:00",
+      "0000-01-01T00:00:00+01:00",
+    ]) {
       expect(rfc3339.safeParse(bad).success).toBe(false);
     }
   });
@@ -92,7 +112,11 @@ describe("the failing bucket's records", () => {
       since: "2026-11-29T12:00:00Z",
       at: "2026-11-29T12:01:00Z",
     });
-    expect(keptOf(record({ recovered: "2026-11-29T12:02:00Z" }, true))).toEqual({ state: "recovered", revision: 7, at: "2026-11-29T12:02:00Z" });
+    expect(keptOf(record({ recovered: "2026-11-29T12:02:00Z" }, true))).toEqual({
+      state: "recovered",
+      revision: 7,
+      at: "2026-11-29T12:02:00Z",
+    });
     expect(keptOf({ ...record(null, true), value: new Uint8Array() })).toEqual({ state: "none", revision: 7 });
   });
 
@@ -105,10 +129,18 @@ describe("the failing bucket's records", () => {
       { key: "a.m", value: bytes(value) },
       { key: "a.m.x", value: bytes({ word: 1 }) },
     ]);
-    expect(failing.map((f) => [f.provider, f.machine, f.consumer])).toEqual([["a", "z", "c"], ["a-b", "m", "c"], ["b", "m", "c"]]);
+    expect(failing.map((f) => [f.provider, f.machine, f.consumer])).toEqual([
+      ["a", "z", "c"],
+      ["a-b", "m", "c"],
+      ["b", "m", "c"],
+    ]);
     expect(outOfShape).toEqual([
       { key: "a.m", reason: "failing keys have 3 tokens, this has 2" },
-      { key: "a.m.x", reason: "value is not { word, since, at }: word: Invalid input: expected string, received number; since: Invalid input: expected string, received undefined; at: Invalid input: expected string, received undefined" },
+      {
+        key: "a.m.x",
+        reason:
+          "value is not { word, since, at }: word: Invalid input: expected string, received number; since: Invalid input: expected string, received undefined; at: Invalid input: expected string, received undefined",
+      },
     ]);
   });
 });
@@ -162,7 +194,13 @@ describe("applying events, newest wins", () => {
 
   it("says what each event did", async () => {
     const on = (kind: "failing" | "recovered", s: number, word = "w") =>
-      applyEvent(bucket, "p", kind === "failing" ? { kind, event: { machine: "m", consumer: "c", word, at: t(s) } } : { kind, event: { machine: "m", consumer: "c", at: t(s) } });
+      applyEvent(
+        bucket,
+        "p",
+        kind === "failing"
+          ? { kind, event: { machine: "m", consumer: "c", word, at: t(s) } }
+          : { kind, event: { machine: "m", consumer: "c", at: t(s) } },
+      );
     expect(await on("recovered", 1)).toBe("remembered");
     expect(await on("failing", 0)).toBe("older");
     expect(await on("failing", 2, "a")).toBe("raised");
@@ -178,9 +216,16 @@ describe("applying events, newest wins", () => {
     let run = 0;
     await fc.assert(
       fc.asyncProperty(
-        fc.uniqueArray(fc.integer({ min: 0, max: 3600 }), { minLength: 1, maxLength: 12 }).chain((seconds) =>
-          fc.tuple(fc.constant(seconds), fc.array(fc.boolean(), { minLength: seconds.length, maxLength: seconds.length }), fc.boolean(), fc.boolean()),
-        ),
+        fc
+          .uniqueArray(fc.integer({ min: 0, max: 3600 }), { minLength: 1, maxLength: 12 })
+          .chain((seconds) =>
+            fc.tuple(
+              fc.constant(seconds),
+              fc.array(fc.boolean(), { minLength: seconds.length, maxLength: seconds.length }),
+              fc.boolean(),
+              fc.boolean(),
+            ),
+          ),
         async ([seconds, failing, together, ordered]) => {
           const consumer = `c${run++}`;
           const events = seconds.map((s, i) =>
@@ -199,8 +244,16 @@ describe("applying events, newest wins", () => {
           if (kept.state !== "failing") return;
           expect(kept.word).toBe(`w${seconds[events.indexOf(newest)]}`);
           // The streak truly began at the first failing after the last recovery before the newest.
-          const lastRecovery = events.filter((e) => e.kind === "recovered").map((e) => e.event.at).sort().at(-1) ?? "";
-          const start = events.filter((e) => e.kind === "failing" && e.event.at > lastRecovery).map((e) => e.event.at).sort()[0]!;
+          const lastRecovery =
+            events
+              .filter((e) => e.kind === "recovered")
+              .map((e) => e.event.at)
+              .sort()
+              .at(-1) ?? "";
+          const start = events
+            .filter((e) => e.kind === "failing" && e.event.at > lastRecovery)
+            .map((e) => e.event.at)
+            .sort()[0]!;
           if (!together && ordered) expect(kept.since).toBe(start);
           expect(kept.since >= start && kept.since <= kept.at).toBe(true);
         },

@@ -100,7 +100,12 @@ describe("the follower and status", () => {
     expect(triples(await status({ machine: "birch" }))).toEqual(["keycloak.birch.caddy", "mesh-vault.birch.gitea"]);
     expect(triples(await status({ consumer: "gitea", machine: "alder" }))).toEqual(["mesh-vault.alder.gitea"]);
     expect(await status({ provider: "postgres" })).toMatchObject({ well: true, failing: [] });
-    for (const [field, value] of [["provider", "a.b"], ["machine", "*"], ["consumer", ">"], ["provider", ""]]) {
+    for (const [field, value] of [
+      ["provider", "a.b"],
+      ["machine", "*"],
+      ["consumer", ">"],
+      ["provider", ""],
+    ]) {
       const refused = await request(seat, STATUS, { [field!]: value });
       expect(refused.errorCode).toBe(400);
       expect(refused.errorText).toMatch(new RegExp(`^${field}: must be one token`));
@@ -110,7 +115,11 @@ describe("the follower and status", () => {
     const http = await fetch(`${set!.httpUrl}/status?machine=birch`);
     expect(await http.json()).toEqual(await status({ machine: "birch" }));
 
-    for (const [provider, machine, consumer] of [["mesh-vault", "alder", "gitea"], ["mesh-vault", "birch", "gitea"], ["keycloak", "birch", "caddy"]]) {
+    for (const [provider, machine, consumer] of [
+      ["mesh-vault", "alder", "gitea"],
+      ["mesh-vault", "birch", "gitea"],
+      ["keycloak", "birch", "caddy"],
+    ]) {
       await emit(provider!, "recovered", { machine, consumer, at: at(31) });
     }
     await settled();
@@ -172,11 +181,25 @@ describe("the follower and status", () => {
       .filter(([, e]) => e.kind === "failing")
       .map(([key, e]) => [key, e.word, e.at])
       .sort();
-    const failing = (await status()).failing as { provider: string; machine: string; consumer: string; word: string; since: string; at: string }[];
-    expect(failing.filter((f) => f.machine.startsWith("m")).map((f) => [`${f.provider}.${f.machine}.${f.consumer}`, f.word, f.at]).sort()).toEqual(expected);
+    const failing = (await status()).failing as {
+      provider: string;
+      machine: string;
+      consumer: string;
+      word: string;
+      since: string;
+      at: string;
+    }[];
+    expect(
+      failing
+        .filter((f) => f.machine.startsWith("m"))
+        .map((f) => [`${f.provider}.${f.machine}.${f.consumer}`, f.word, f.at])
+        .sort(),
+    ).toEqual(expected);
     for (const f of failing) {
       // `since` is the time of one of the triple's failing events, no later than `at`.
-      const own = events.filter((e) => e.kind === "failing" && e.provider === f.provider && e.machine === f.machine && e.consumer === f.consumer);
+      const own = events.filter(
+        (e) => e.kind === "failing" && e.provider === f.provider && e.machine === f.machine && e.consumer === f.consumer,
+      );
       expect(own.map((e) => e.at)).toContain(f.since);
       expect(f.since <= f.at).toBe(true);
     }
@@ -188,7 +211,9 @@ describe("a provider's user", () => {
     const keycloak = providers.keycloak!;
     const forged = await keycloak
       .jetstream()
-      .publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch", consumer: "gitea", word: "forged", at: at(55) }), { timeout: 2000 })
+      .publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch", consumer: "gitea", word: "forged", at: at(55) }), {
+        timeout: 2000,
+      })
       .catch((e: Error) => e);
     expect(forged).toBeInstanceOf(Error);
     await (await bus.kv("needs", "birch")).put("birch.gitea.config.app_name", "{}");

@@ -32,7 +32,11 @@ describe("metrics", () => {
     expect(response.headers.get("content-type")).toMatch(/^text\/plain; version=0\.0\.4/);
     const text = await response.text();
     // Prometheus text: comment lines, and `name{labels} value` samples.
-    for (const line of text.trim().split("\n").filter((l) => l !== "")) expect(line).toMatch(/^(# (HELP|TYPE) \S+ .+|[a-z_]+(\{[^}]*\})? [0-9.e+-]+|[a-z_]+(\{[^}]*\})? \+Inf)$/);
+    for (const line of text
+      .trim()
+      .split("\n")
+      .filter((l) => l !== ""))
+      expect(line).toMatch(/^(# (HELP|TYPE) \S+ .+|[a-z_]+(\{[^}]*\})? [0-9.e+-]+|[a-z_]+(\{[^}]*\})? \+Inf)$/);
     const sample = (name: string, labels: string) => Number(new RegExp(`^${name}\\{${labels}\\} (\\S+)$`, "m").exec(text)?.[1]);
     const verb = 'function="provisioning",trigger="subject"';
     expect(sample("function_runs_total", verb)).toBe(6);
@@ -65,7 +69,10 @@ describe("the provisioner's own metrics", () => {
       await postgres.publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch", consumer, word: "disk full", at }));
     }
     await until(async () => sample(await scrape(), "failing_triples") === 3, 10_000, "three failing triples");
-    await postgres.publish("postgres.provisioner.recovered", JSON.stringify({ machine: "birch", consumer: "gitea", at: new Date().toISOString() }));
+    await postgres.publish(
+      "postgres.provisioner.recovered",
+      JSON.stringify({ machine: "birch", consumer: "gitea", at: new Date().toISOString() }),
+    );
     await until(async () => sample(await scrape(), "failing_triples") === 2, 10_000, "two failing triples");
   });
 });

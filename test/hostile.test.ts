@@ -28,7 +28,7 @@ afterAll(async () => {
 const encoder = new TextEncoder();
 const SUBJECTS = [VERB, STATUS];
 
-/** A reply is an answer (no error headers, a JSON body) or a 400 refusal in the SPEC §4 shape. */
+/** A reply is an answer (no error headers, a JSON body) or a 400 refusal in the docs/verb.md §4 shape. */
 async function answersOrRefuses(subject: string, payload: Uint8Array): Promise<number> {
   const reply = await request(node, subject, payload);
   if (reply.errorCode === undefined) {
@@ -73,11 +73,27 @@ describe("hostile input, as an attacker would send it", () => {
       }),
       { numRuns: 150 },
     );
-    const fields = fc.constantFrom("what", "node", "module", "kind", "contributor", "collection", "limit", "cursor", "provider", "machine", "consumer");
+    const fields = fc.constantFrom(
+      "what",
+      "node",
+      "module",
+      "kind",
+      "contributor",
+      "collection",
+      "limit",
+      "cursor",
+      "provider",
+      "machine",
+      "consumer",
+    );
     await fc.assert(
-      fc.asyncProperty(fc.constantFrom(...SUBJECTS), fc.dictionary(fields, fc.oneof(fc.string(), fc.string({ unit: "binary" }), fc.integer(), fc.constant(null))), async (subject, request) => {
-        expect([200, 400]).toContain(await answersOrRefuses(subject, encoder.encode(JSON.stringify(request))));
-      }),
+      fc.asyncProperty(
+        fc.constantFrom(...SUBJECTS),
+        fc.dictionary(fields, fc.oneof(fc.string(), fc.string({ unit: "binary" }), fc.integer(), fc.constant(null))),
+        async (subject, request) => {
+          expect([200, 400]).toContain(await answersOrRefuses(subject, encoder.encode(JSON.stringify(request))));
+        },
+      ),
       { numRuns: 150 },
     );
     await stillServes();

@@ -2,7 +2,7 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { decodeCollection, decodeKey, encodeCollection, filtersFor, TOKEN } from "../functions/_lib/keys.ts";
 
-describe("collection codec (SPEC §2)", () => {
+describe("collection codec (docs/buckets.md §2)", () => {
   it("writes the examples of the spec", () => {
     expect(encodeCollection("shell:zsh:normal")).toBe("shell=3Azsh=3Anormal");
     expect(encodeCollection("environment:posix")).toBe("environment=3Aposix");
@@ -52,7 +52,7 @@ describe("collection codec (SPEC §2)", () => {
   });
 });
 
-describe("decodeKey (SPEC §2 key shapes)", () => {
+describe("decodeKey (docs/buckets.md §2 key shapes)", () => {
   it("reads each bucket's fields", () => {
     expect(decodeKey("needs", "n1.gitea.config.db_url")).toEqual({
       ok: true,
@@ -93,12 +93,15 @@ describe("filtersFor", () => {
 
   it("never holds a wildcard or an extra token a collection name brought", () => {
     fc.assert(
-      fc.property(fc.string({ minLength: 1 }).filter((s) => s.isWellFormed()), (collection) => {
-        const [exact, longer] = filtersFor("collect", { node: "n1", collection });
-        expect(exact).toBe(`n1.${encodeCollection(collection)}`);
-        expect(exact!.split(".")).toHaveLength(2);
-        expect(longer).toBe(`${exact}.>`);
-      }),
+      fc.property(
+        fc.string({ minLength: 1 }).filter((s) => s.isWellFormed()),
+        (collection) => {
+          const [exact, longer] = filtersFor("collect", { node: "n1", collection });
+          expect(exact).toBe(`n1.${encodeCollection(collection)}`);
+          expect(exact!.split(".")).toHaveLength(2);
+          expect(longer).toBe(`${exact}.>`);
+        },
+      ),
     );
   });
 });

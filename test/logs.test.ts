@@ -64,7 +64,10 @@ describe("the logs of a running set", () => {
       expect((await request(birch, VERB, { what: "registry", node: "two.tokens" })).errorCode).toBe(400);
       expect((await fetch(`${httpUrl}/provisioning?what=nope`)).status).toBe(400);
       const postgres = (await bus.connect("postgres")).jetstream();
-      await postgres.publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch", consumer: "gitea", word: "disk full", at: new Date().toISOString() }));
+      await postgres.publish(
+        "postgres.provisioner.failing",
+        JSON.stringify({ machine: "birch", consumer: "gitea", word: "disk full", at: new Date().toISOString() }),
+      );
       await postgres.publish("postgres.provisioner.failing", JSON.stringify({ machine: "birch" }));
       await postgres.publish("postgres.provisioner.failing", "not json");
       await until(async () => (await request(birch, STATUS, {})).body.rejectedEvents === 2, 10_000, "both bad events refused");
@@ -83,18 +86,37 @@ describe("the logs of a running set", () => {
       }
       const all = lines();
       expect(all.filter((l) => l.msg === "started")).toHaveLength(1);
-      expect(all.find((l) => l.msg === "registry compiled")).toMatchObject({ function: "registry-compile", trigger: { kind: "start" }, written: expect.any(Array) });
+      expect(all.find((l) => l.msg === "registry compiled")).toMatchObject({
+        function: "registry-compile",
+        trigger: { kind: "start" },
+        written: expect.any(Array),
+      });
       // A server killed with SIGKILL may forget the last acks: a refused event may come again, under the same sequence.
       const refusals = all.filter((l) => typeof l.refused === "string");
-      const seen = new Set(refusals.map((l) => JSON.stringify([l.function, l.trigger?.kind, l.trigger?.subject ?? (l.trigger as { path?: string })?.path, l.code, (l.trigger as { sequence?: number })?.sequence])));
+      const seen = new Set(
+        refusals.map((l) =>
+          JSON.stringify([
+            l.function,
+            l.trigger?.kind,
+            l.trigger?.subject ?? (l.trigger as { path?: string })?.path,
+            l.code,
+            (l.trigger as { sequence?: number })?.sequence,
+          ]),
+        ),
+      );
       expect([...seen].map((l) => (JSON.parse(l) as unknown[]).slice(0, 4))).toEqual([
         ["provisioning", "subject", VERB, 400],
         ["provisioning", "http", "/provisioning", 400],
         ["provider-failing", "event", "postgres.provisioner.failing", 400],
         ["provider-failing", "event", "postgres.provisioner.failing", 400],
       ]);
-      expect(all.find((l) => l.msg === "failing")).toMatchObject({ function: "provider-failing", trigger: { kind: "event", subject: "postgres.provisioner.failing", stream: "mesh-provisioner_events" } });
-      expect(all.map((l) => l.msg)).toEqual(expect.arrayContaining(["NATS disconnected; reconnecting", "NATS reconnected", "signal: stopping", "stopping", "stopped"]));
+      expect(all.find((l) => l.msg === "failing")).toMatchObject({
+        function: "provider-failing",
+        trigger: { kind: "event", subject: "postgres.provisioner.failing", stream: "mesh-provisioner_events" },
+      });
+      expect(all.map((l) => l.msg)).toEqual(
+        expect.arrayContaining(["NATS disconnected; reconnecting", "NATS reconnected", "signal: stopping", "stopping", "stopped"]),
+      );
     } finally {
       if (child.exitCode === null) child.kill("SIGKILL");
     }
@@ -117,6 +139,9 @@ describe("the logs of a running set", () => {
       for (const secret of ["wrong-horse-battery", "sesame-token-4711"]) expect(stdout + stderr).not.toContain(secret);
     }
     const level = await start({ NATS_URL: bus.url, LOG_LEVEL: "chatty" });
-    expect([level.code, level.stderr.trim()]).toEqual([1, 'mesh-provisioner: LOG_LEVEL: "chatty" is not a level (trace, debug, info, warn, error, fatal, silent)']);
+    expect([level.code, level.stderr.trim()]).toEqual([
+      1,
+      'mesh-provisioner: LOG_LEVEL: "chatty" is not a level (trace, debug, info, warn, error, fatal, silent)',
+    ]);
   });
 });

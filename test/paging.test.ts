@@ -17,9 +17,7 @@ beforeAll(async () => {
   const needs = await bus.kv("needs", "alder");
   const value = JSON.stringify({ placeholder: "${config:some_setting}", file: "/etc/some-module/some-module.conf" });
   for (let start = 0; start < KEYS; start += 1000) {
-    await Promise.all(
-      Array.from({ length: 1000 }, (_, i) => needs.put(`alder.m${(start + i) % 40}.config.k${start + i}`, value)),
-    );
+    await Promise.all(Array.from({ length: 1000 }, (_, i) => needs.put(`alder.m${(start + i) % 40}.config.k${start + i}`, value)));
   }
   client = await bus.connect("birch");
 });

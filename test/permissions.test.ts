@@ -34,9 +34,13 @@ async function tryPut(kv: KV, key: string, value: string): Promise<string> {
 
 const refusal = (bucket: string, key: string) => `'Permissions Violation for Publish to "$KV.${bucket}.${key}"'`;
 
-describe("the server enforces who writes what (SPEC §2)", () => {
+describe("the server enforces who writes what (docs/buckets.md §2)", () => {
   it("refuses the seat a key of needs, applied or collect, leaving it as it was", async () => {
-    for (const [bucket, key] of [["needs", "alder.gitea.config.db_url"], ["applied", "alder.gitea"], ["collect", "alder.routes.gitea"]] as const) {
+    for (const [bucket, key] of [
+      ["needs", "alder.gitea.config.db_url"],
+      ["applied", "alder.gitea"],
+      ["collect", "alder.routes.gitea"],
+    ] as const) {
       const own = await bus.kv(bucket, "alder");
       await own.put(key, '"by alder"');
       const name = `mesh-provisioner_${bucket}`;
@@ -57,7 +61,9 @@ describe("the server enforces who writes what (SPEC §2)", () => {
       expect(await tryPut(alder, mine, '"by alder"')).toBe("written");
       expect((await alder.get(mine))?.string()).toBe('"by alder"');
       expect(await tryPut(alder, theirs, '"by alder"')).toBe(refusal(`mesh-provisioner_${bucket}`, theirs));
-      expect(await alder.get(theirs).catch((e: Error) => e.message)).toMatch(/Permissions Violation for Publish to "\$JS\.API\.DIRECT\.GET/);
+      expect(await alder.get(theirs).catch((e: Error) => e.message)).toMatch(
+        /Permissions Violation for Publish to "\$JS\.API\.DIRECT\.GET/,
+      );
       expect((await birch.get(theirs))?.string()).toBe('"by birch"');
     }
     const registry = await bus.kv("registry", "alder");
@@ -171,12 +177,18 @@ describe("the seat's permissions, derived from the functions", () => {
 
   it("as `mesh-provisioner permissions` prints them, run a real nats-server the set serves on", async () => {
     const config = await projectConfig();
-    const printed = execFileSync("node", [join(ROOT, "bin", "mesh-provisioner.mjs"), "permissions", "--node", "alder", "--provider", "keycloak"], {
-      cwd: ROOT,
-      encoding: "utf8",
-      env: { ...process.env, LOG_LEVEL: "silent" },
-    });
-    expect(printed).toBe(`${toConf(authorization(config, await loadFunctions(config), { nodes: ["alder"], providers: ["keycloak"] })).trimEnd()}\n`);
+    const printed = execFileSync(
+      "node",
+      [join(ROOT, "bin", "mesh-provisioner.mjs"), "permissions", "--node", "alder", "--provider", "keycloak"],
+      {
+        cwd: ROOT,
+        encoding: "utf8",
+        env: { ...process.env, LOG_LEVEL: "silent" },
+      },
+    );
+    expect(printed).toBe(
+      `${toConf(authorization(config, await loadFunctions(config), { nodes: ["alder"], providers: ["keycloak"] })).trimEnd()}\n`,
+    );
     const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-printed-"));
     try {
       const server = await spawnNatsServer({
@@ -186,7 +198,14 @@ describe("the seat's permissions, derived from the functions", () => {
       });
       try {
         const set = await start({
-          config: { ...resolveConfig({ ...config, nats: { servers: [server.url], user: "mesh-provisioner", password: "seat-pw" }, http: { port: 0 } }, config.file, {}), root: config.root },
+          config: {
+            ...resolveConfig(
+              { ...config, nats: { servers: [server.url], user: "mesh-provisioner", password: "seat-pw" }, http: { port: 0 } },
+              config.file,
+              {},
+            ),
+            root: config.root,
+          },
         });
         const alder = await connect({ servers: server.url, user: "alder", pass: "alder-pw", inboxPrefix: "_INBOX.alder" });
         expect((await request(alder, VERB, { what: "registry", kind: "port" })).body.entries[0].value.module).toBe("mesh-controller");

@@ -20,7 +20,7 @@ const refusal = (raw: unknown) => {
   return r.success ? "accepted" : formatIssues(r.error.issues);
 };
 
-describe("the request (SPEC §4)", () => {
+describe("the request (docs/verb.md §4)", () => {
   it("defaults to the registry and a limit of 1,000", () => {
     expect(parse({})).toEqual({ what: "registry", limit: 1000 });
   });
@@ -40,9 +40,7 @@ describe("the request (SPEC §4)", () => {
   });
 
   it("refuses a collection name with a lone surrogate", () => {
-    expect(refusal({ what: "collect", collection: "a\ud800" })).toBe(
-      "collection: must be well-formed Unicode (no lone surrogate)",
-    );
+    expect(refusal({ what: "collect", collection: "a\ud800" })).toBe("collection: must be well-formed Unicode (no lone surrogate)");
   });
 
   it("reads with a filter that never widens past the narrowing", () => {

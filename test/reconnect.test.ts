@@ -42,10 +42,12 @@ describe("when nats-server restarts", () => {
     await until(() => answers(VERB, { what: "needs", node: "alder" }), 10_000, "the verb answers after the restart");
     expect(Date.now() - back).toBeLessThan(10_000);
 
-    await keycloak.jetstream().publish(
-      "keycloak.provisioner.failing",
-      JSON.stringify({ machine: "alder", consumer: "gitea", word: "after the restart", at: new Date().toISOString() }),
-    );
+    await keycloak
+      .jetstream()
+      .publish(
+        "keycloak.provisioner.failing",
+        JSON.stringify({ machine: "alder", consumer: "gitea", word: "after the restart", at: new Date().toISOString() }),
+      );
     await until(
       async () => (await request(asker, STATUS, { provider: "keycloak" })).body.failing?.length === 1,
       10_000,

@@ -8,7 +8,7 @@ import { projectConfig, startSet, testBus } from "./helpers.ts";
 const collect = { module: "mesh-provisioner", bucket: "mesh-provisioner_collect", key: "<node>.<collection>.<contributor>" };
 const assignments = { module: "mesh-controller", bucket: "mesh-controller_assignments", key: "<node>.<module>" };
 
-/** The 13 values of SPEC §3, as the default table must compile them. */
+/** The 13 values of docs/registry.md §3, as the default table must compile them. */
 const SPEC_VALUES = {
   access: { kind: "access", ...assignments },
   bound: {
@@ -32,7 +32,7 @@ const SPEC_VALUES = {
 
 const defaultTable = async () => registryTable.parse((await projectConfig()).registry);
 
-describe("the registry table (SPEC §3)", () => {
+describe("the registry table (docs/registry.md §3)", () => {
   it("compiles the default table into the 13 kinds of the spec", async () => {
     expect(Object.fromEntries(compileTable(await defaultTable()))).toEqual(SPEC_VALUES);
   });
@@ -44,17 +44,20 @@ describe("the registry table (SPEC §3)", () => {
 
   it("refuses a secret or a consumer credential in a bucket", () => {
     expect(refusal([{ kinds: ["secret"], module: "mesh-vault", bucket: "b", key: "<node>" }])).toBe(
-      "0.bucket: a secret is never in a bucket: answer kind secret with a verb (SPEC §3)",
+      "0.bucket: a secret is never in a bucket: answer kind secret with a verb (docs/registry.md §3.3)",
     );
     expect(refusal([{ kinds: ["port", "consumers"], module: "m", bucket: "b", key: "k" }])).toBe(
-      "0.bucket: a consumers is never in a bucket: answer kind consumers with a verb (SPEC §3)",
+      "0.bucket: a consumers is never in a bucket: answer kind consumers with a verb (docs/registry.md §3.3)",
     );
   });
 
   it("refuses a kind answered twice, a row with both or neither place, a bucket without key", () => {
-    expect(refusal([{ kinds: ["dir"], module: "a", verb: "a.b" }, { kinds: ["port", "dir"], module: "b", verb: "b.c" }])).toBe(
-      "1.kinds.1: kind dir is answered twice (also by row 0)",
-    );
+    expect(
+      refusal([
+        { kinds: ["dir"], module: "a", verb: "a.b" },
+        { kinds: ["port", "dir"], module: "b", verb: "b.c" },
+      ]),
+    ).toBe("1.kinds.1: kind dir is answered twice (also by row 0)");
     expect(refusal([{ kinds: ["dir"], module: "a", verb: "a.b", bucket: "x", key: "k" }])).toContain(
       "needs exactly one of bucket (with key) or verb",
     );
@@ -76,7 +79,9 @@ describe("compiling into the registry bucket", () => {
   afterAll(() => bus.stop());
 
   const stored = async () =>
-    Object.fromEntries((await registry.list(">")).map((e) => [e.key, { value: JSON.parse(new TextDecoder().decode(e.value)), revision: e.revision }]));
+    Object.fromEntries(
+      (await registry.list(">")).map((e) => [e.key, { value: JSON.parse(new TextDecoder().decode(e.value)), revision: e.revision }]),
+    );
 
   it("holds the 13 kinds with the right values after start", async () => {
     const values = Object.fromEntries(Object.entries(await stored()).map(([k, v]) => [k, v.value]));
@@ -128,7 +133,7 @@ describe("compiling into the registry bucket", () => {
     const failure = await startSet(bus, { registry: registryRows } as object).catch((e: unknown) => e);
     expect(failure).toBeInstanceOf(LoadError);
     expect((failure as LoadError).problems).toEqual([
-      "wrangler-free.config.ts: registry.1.bucket: a secret is never in a bucket: answer kind secret with a verb (SPEC §3) (read by functions/registry-compile.ts)",
+      "wrangler-free.config.ts: registry.1.bucket: a secret is never in a bucket: answer kind secret with a verb (docs/registry.md §3.3) (read by functions/registry-compile.ts)",
     ]);
   });
 });

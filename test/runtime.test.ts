@@ -169,7 +169,8 @@ export default defineFunction({
       const out = seat.subscribe("probe.out.*", { max: 1 });
       expect((await request(seat, "probe.ctx", {})).body).toEqual({
         buckets: ["needs", "registry"],
-        putNeeds: "AccessError: function probe cannot put in bucket mesh-provisioner_needs: it declares the bucket in access.reads, not access.writes",
+        putNeeds:
+          "AccessError: function probe cannot put in bucket mesh-provisioner_needs: it declares the bucket in access.reads, not access.writes",
         readFailing: "AccessError: function probe uses bucket failing, which its access does not declare",
         publishOut: "allowed",
         publishElsewhere: "AccessError: function probe publishes probe.elsewhere, which its access.publishes (probe.out.*) does not name",
@@ -313,7 +314,10 @@ export default defineFunction({
 
 describe("what a function may declare", () => {
   it("refuses subjects of the server or of replies, wildcards that reach them, and writes to node buckets", async () => {
-    const fn = (name: string, body: string) => [name, `${header}export default defineFunction({ description: "x", ${body}, handler: () => 1 });\n`];
+    const fn = (name: string, body: string) => [
+      name,
+      `${header}export default defineFunction({ description: "x", ${body}, handler: () => 1 });\n`,
+    ];
     const dir = functionsFolder(
       Object.fromEntries([
         fn("purge.ts", `triggers: [{ subject: "$JS.API.STREAM.PURGE.KV_x" }]`),
@@ -336,7 +340,7 @@ describe("what a function may declare", () => {
       `${f("purge.ts")}: not a valid function: triggers.0.subject: ${RESERVED}`,
       `${f("wide.ts")}: not a valid function: access.publishes.0: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.1: must start with a token, not a wildcard (it would reach the server's subjects); access.publishes.2: ${RESERVED}`,
       `${f("health.ts")}: triggers.0.http: /readyz is the runtime's own (/healthz, /readyz, /metrics)`,
-      `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (SPEC §2), never by the seat`,
+      `${f("writer.ts")}: access.writes: bucket "needs" is written by nodes only (docs/buckets.md §2), never by the seat`,
     ]);
   });
 });
@@ -387,7 +391,10 @@ export default defineFunction({
       const nan = await request(seat, "probe.tally", { color: "red", by: Number.NaN });
       expect(nan.errorCode).toBe(400); // JSON has no NaN: it arrives as null
       const negative = await request(seat, "probe.tally", { color: "red", by: -1 });
-      expect([negative.errorCode, negative.errorText]).toEqual([500, "tally failed: metric probe_tallied_total: inc takes a finite number ≥ 0, not -1"]);
+      expect([negative.errorCode, negative.errorText]).toEqual([
+        500,
+        "tally failed: metric probe_tallied_total: inc takes a finite number ≥ 0, not -1",
+      ]);
       // A collect that throws: the scrape still answers, and the gauge keeps its last value.
       const failed = await fetch(`${set.httpUrl}/metrics`);
       expect(failed.status).toBe(200);
@@ -399,15 +406,20 @@ export default defineFunction({
   });
 
   it("refuses a metric declared twice, one named as the runtime's, and bad names or labels", async () => {
-    const fn = (name: string, metrics: string) =>
-      [name, `${header}export default defineFunction({ description: "x", triggers: [{ subject: "m.${name.slice(0, -3)}" }], metrics: ${metrics}, handler: () => 1 });\n`];
+    const fn = (name: string, metrics: string) => [
+      name,
+      `${header}export default defineFunction({ description: "x", triggers: [{ subject: "m.${name.slice(0, -3)}" }], metrics: ${metrics}, handler: () => 1 });\n`,
+    ];
     const dir = functionsFolder(
       Object.fromEntries([
         fn("one.ts", `{ probe_total: { type: "counter", help: "h" } }`),
         fn("two.ts", `{ probe_total: { type: "gauge", help: "h" } }`),
         fn("own.ts", `{ function_run_seconds_bucket: { type: "counter", help: "h" } }`),
         fn("bad-name.ts", `{ "probe-total": { type: "counter", help: "h" } }`),
-        fn("bad-labels.ts", `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 }, probe_c: { type: "counter", help: "h", labels: ["a", "a"] } }`),
+        fn(
+          "bad-labels.ts",
+          `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 }, probe_c: { type: "counter", help: "h", labels: ["a", "a"] } }`,
+        ),
         fn("object-name.ts", `{ constructor: { type: "counter", help: "h" } }`),
       ]),
     );
@@ -448,7 +460,9 @@ describe("the config", () => {
   });
 
   it("takes replicas from the config, a bucket's or stream's own, or NATS_REPLICAS", () => {
-    const config = resolveConfig({ ...base, buckets: { b: { bucket: "b", writtenBy: "seat", replicas: 5 } } }, FILE, { NATS_REPLICAS: "3" });
+    const config = resolveConfig({ ...base, buckets: { b: { bucket: "b", writtenBy: "seat", replicas: 5 } } }, FILE, {
+      NATS_REPLICAS: "3",
+    });
     expect([config.replicas, config.buckets.b!.replicas]).toEqual([3, 5]);
     expect(resolveConfig(base, FILE, {}).replicas).toBe(1);
     expect(refusal(base, { NATS_REPLICAS: "2" })).toBe("environment: NATS_REPLICAS: must be 1, 3 or 5");
@@ -462,7 +476,10 @@ describe("the config", () => {
     });
     await (await start({ config: probe({}), log: createLogger({ LOG_LEVEL: "silent" }) })).stop();
     const changed = probe({ history: 5, maxAgeSeconds: 3600 });
-    const withNew = { ...changed, buckets: { ...changed.buckets, fresh: { bucket: "probe_fresh", writtenBy: "seat" as const, readBy: [], history: 1 } } };
+    const withNew = {
+      ...changed,
+      buckets: { ...changed.buckets, fresh: { bucket: "probe_fresh", writtenBy: "seat" as const, readBy: [], history: 1 } },
+    };
     const failure = await start({ config: withNew, log: createLogger({ LOG_LEVEL: "silent" }) }).catch((e: unknown) => e);
     expect((failure as Error).message).toBe(
       "bucket probe_settings exists with other settings than the config: history 1 (the config says 5), maxAgeSeconds none (the config says 3600); " +

@@ -25,11 +25,17 @@ describe("server URLs as shown", () => {
 
 describe("logged objects", () => {
   it("have every credential field written ***, at any depth and in any case, errors included", () => {
-    const err = Object.assign(new Error("boom"), { config: { nats: { password: "deep-secret" } }, headers: { Authorization: "Bearer abc" } });
+    const err = Object.assign(new Error("boom"), {
+      config: { nats: { password: "deep-secret" } },
+      headers: { Authorization: "Bearer abc" },
+    });
     const logged = redacted({ err, a: { b: { c: { d: { e: { PASSWORD: "x", Token: "y" } } } } }, list: [{ creds: "z" }], kept: "visible" });
     const text = JSON.stringify(logged);
     for (const secret of ["deep-secret", "Bearer abc", '"x"', '"y"', '"z"']) expect(text).not.toContain(secret);
-    expect(logged).toMatchObject({ err: { message: "boom", config: { nats: { password: "***" } }, headers: { Authorization: "***" } }, kept: "visible" });
+    expect(logged).toMatchObject({
+      err: { message: "boom", config: { nats: { password: "***" } }, headers: { Authorization: "***" } },
+      kept: "visible",
+    });
   });
 
   it("keep what is circular or very deep without failing", () => {

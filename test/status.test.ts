@@ -55,7 +55,9 @@ describe("status as the CLI prints it", () => {
   const now = new Date("2026-11-29T15:12:30Z");
   const status = (word: string): Status => ({
     well: false,
-    failing: [{ provider: "keycloak", machine: "dogwood", consumer: "grafana", word, since: "2026-11-29T12:00:00Z", at: "2026-11-29T15:00:00Z" }],
+    failing: [
+      { provider: "keycloak", machine: "dogwood", consumer: "grafana", word, since: "2026-11-29T12:00:00Z", at: "2026-11-29T15:00:00Z" },
+    ],
     outOfShape: [],
     omitted: 0,
     registry: { kinds: ["config", "secret"], compiledAt: "2026-11-29T15:00:00.000Z" },

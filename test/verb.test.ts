@@ -72,8 +72,19 @@ describe("views and narrowings", () => {
     const all = await ask(new Uint8Array());
     expect(all.body.what).toBe("registry");
     expect(keysOf(all.body)).toEqual([
-      "access", "bound", "collected", "config", "consumers", "contribution", "dir",
-      "environment", "machine", "port", "seat", "secret", "shell",
+      "access",
+      "bound",
+      "collected",
+      "config",
+      "consumers",
+      "contribution",
+      "dir",
+      "environment",
+      "machine",
+      "port",
+      "seat",
+      "secret",
+      "shell",
     ]);
     const secret = await ask({ kind: "secret" });
     expect(secret.body.entries).toEqual([
@@ -132,7 +143,12 @@ describe("views and narrowings", () => {
       [{ node: "alder", kind: "port" }, ["alder.postgres.port.postgres"], []],
       [
         { module: "gitea" },
-        ["alder.gitea.bound.postgres/address", "alder.gitea.config.db_url", "alder.gitea.secret.admin_password", "birch.gitea.config.db_url"],
+        [
+          "alder.gitea.bound.postgres/address",
+          "alder.gitea.config.db_url",
+          "alder.gitea.secret.admin_password",
+          "birch.gitea.config.db_url",
+        ],
         ["alder.gitea", "alder.gitea.config.db.url", "alder.gitea.config.not_json"],
       ],
       [{ node: "birch", module: "gitea", kind: "config" }, ["birch.gitea.config.db_url"], []],

@@ -42,10 +42,7 @@ const filterOf = fc
   .tuple(fc.array(fc.oneof(tokenOf, fc.constant("*")), { minLength: 0, maxLength: 3 }), fc.boolean())
   .filter(([tokens, more]) => tokens.length > 0 || more)
   .map(([tokens, more]) => [...tokens, ...(more ? [">"] : [])].join("."));
-const operation = fc.oneof(
-  fc.record({ put: keyOf, value: fc.string() }),
-  fc.record({ del: keyOf, value: fc.string() }),
-);
+const operation = fc.oneof(fc.record({ put: keyOf, value: fc.string() }), fc.record({ del: keyOf, value: fc.string() }));
 
 describe("a live view", () => {
   it("answers get, last, list and records as the server does, after any writes and deletes", async () => {

@@ -10,7 +10,7 @@ export const ALERTNAME = "ProvisioningFailing";
 export const RESOLVED_FOR_MS = 60 * 60 * 1000;
 
 /**
- * `alerts` of `wrangler-free.config.ts` (SPEC §5, optional): with `alertmanager` (its base URL)
+ * `alerts` of `wrangler-free.config.ts` (docs/failing.md §5, optional): with `alertmanager` (its base URL)
  * set, failing triples are raised there. `retries` and `backoffMs` shape the retries of one
  * sending; `timeoutMs` bounds each request.
  */

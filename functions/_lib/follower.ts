@@ -17,11 +17,11 @@ export const MAX_WORD = 1024;
 const triple = { machine: token, consumer: token, at: rfc3339 };
 
 /**
- * `<provider>.provisioner.failing` (SPEC §5): `{ machine, consumer, word, at }`. Fields beyond
+ * `<provider>.provisioner.failing` (docs/failing.md §5): `{ machine, consumer, word, at }`. Fields beyond
  * these are ignored, so a provider that says more still raises its failing.
  */
 export const failingEvent = z.object({ ...triple, word: z.string().min(1, "must say what fails") });
-/** `<provider>.provisioner.recovered` (SPEC §5): `{ machine, consumer, at }`; a `word` is ignored. */
+/** `<provider>.provisioner.recovered` (docs/failing.md §5): `{ machine, consumer, at }`; a `word` is ignored. */
 export const recoveredEvent = z.object(triple);
 export type FailingEvent = z.output<typeof failingEvent>;
 export type RecoveredEvent = z.output<typeof recoveredEvent>;
@@ -29,7 +29,7 @@ export type RecoveredEvent = z.output<typeof recoveredEvent>;
 /**
  * The provider an event came from: the first token of its subject
  * (`<provider>.provisioner.failing`). Throws a 400 when the run has no subject or that token
- * is not a token (SPEC §2).
+ * is not a token (docs/buckets.md §2).
  */
 export function providerOf(trigger: TriggerInfo): string {
   if (trigger.kind !== "event") throw badInput("the provider is the first token of the event's subject, and this run has none");
@@ -48,7 +48,7 @@ export function keptWord(word: string): string {
 }
 
 /**
- * The value of a failing triple's key in the failing bucket (SPEC §2): its newest word, its
+ * The value of a failing triple's key in the failing bucket (docs/buckets.md §2): its newest word, its
  * streak's first and newest times (RFC 3339).
  */
 export const failingValue = z.strictObject({ word: z.string(), since: rfc3339, at: rfc3339 });
@@ -105,14 +105,14 @@ export function notAhead(at: string, now: Date): void {
 /** What one event did to the state. */
 export type Change = "raised" | "updated" | "restarted" | "recovered" | "remembered" | "older";
 
-/** The key of a triple in the failing bucket (SPEC §2): `<provider>.<machine>.<consumer>`. */
+/** The key of a triple in the failing bucket (docs/buckets.md §2): `<provider>.<machine>.<consumer>`. */
 export const failingKey = (provider: string, machine: string, consumer: string) => `${provider}.${machine}.${consumer}`;
 
 type Event = { kind: "failing"; event: FailingEvent } | { kind: "recovered"; event: RecoveredEvent };
 type Write = { put: { word: string; since: string; at: string } } | { recover: { recovered: string; since?: string } };
 
 /**
- * What an event does to what is kept for its triple (SPEC §5), newest wins by `at`:
+ * What an event does to what is kept for its triple (docs/failing.md §5), newest wins by `at`:
  * - a failing newer than what is kept writes its word and `at`, keeping `since` while the
  *   triple was failing (`updated`), else starting the streak at its `at` (`raised`);
  * - a recovered newer than the kept failing removes it (`recovered`); newer than a recovery or
@@ -176,7 +176,8 @@ async function applyTo(bucket: WriteBucket, key: string, event: Event, held: Rea
     const { change, write } = decide(kept, event);
     try {
       if (write !== undefined && "put" in write) await bucket.update(key, JSON.stringify(write.put), kept.revision);
-      if (write !== undefined && "recover" in write) await bucket.delete(key, { revision: kept.revision, value: JSON.stringify(write.recover) });
+      if (write !== undefined && "recover" in write)
+        await bucket.delete(key, { revision: kept.revision, value: JSON.stringify(write.recover) });
       return change;
     } catch (err) {
       // Each conflict means another write won: some run always progresses.

@@ -1,6 +1,6 @@
 import { z } from "zod";
 
-/** A key token (SPEC §2): one or more of `A-Z a-z 0-9 - _ / =`. */
+/** A key token (docs/buckets.md §2): one or more of `A-Z a-z 0-9 - _ / =`. */
 export const TOKEN = /^[A-Za-z0-9\-_/=]+$/;
 
 /**
@@ -11,13 +11,13 @@ export const MAX_TOKEN = 256;
 /** The longest key token a collection name may encode to, in characters. */
 export const MAX_COLLECTION_TOKEN = 1024;
 
-/** A narrowing value: one token, so it can never widen a key filter (SPEC §4). */
+/** A narrowing value: one token, so it can never widen a key filter (docs/verb.md §4). */
 export const token = z
   .string()
   .regex(TOKEN, "must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing")
   .max(MAX_TOKEN, `must be at most ${MAX_TOKEN} characters`);
 
-/** A collection name (SPEC §2): any non-empty, well-formed string; it is encoded into its token. */
+/** A collection name (docs/buckets.md §2): any non-empty, well-formed string; it is encoded into its token. */
 export const collectionName = z
   .string()
   .min(1, "must be a non-empty collection name")
@@ -32,7 +32,7 @@ const HEX = "0123456789ABCDEF";
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 /**
- * A collection name's key token (SPEC §2): every byte of its UTF-8 form outside
+ * A collection name's key token (docs/buckets.md §2): every byte of its UTF-8 form outside
  * `A-Z a-z 0-9 - _ /` is written `=` and two upper-case hex digits (`shell:zsh:normal` →
  * `shell=3Azsh=3Anormal`). `name` must be non-empty and well-formed.
  */
@@ -76,7 +76,7 @@ export function decodeCollection(tokenText: string): { ok: true; name: string } 
   return { ok: true, name };
 }
 
-/** The key shape of each bucket (SPEC §2), token by token. */
+/** The key shape of each bucket (docs/buckets.md §2), token by token. */
 export const SHAPES = {
   registry: ["kind"],
   needs: ["node", "module", "kind", "name"],
@@ -97,10 +97,7 @@ const plural = (n: number) => `${n} token${n === 1 ? "" : "s"}`;
  * name), or says why the key is out of shape: its number of tokens, an empty token, a character
  * a token cannot hold, or a bad collection token.
  */
-export function decodeKey<S extends ShapeName>(
-  name: S,
-  key: string,
-): { ok: true; fields: Fields<S> } | { ok: false; reason: string } {
+export function decodeKey<S extends ShapeName>(name: S, key: string): { ok: true; fields: Fields<S> } | { ok: false; reason: string } {
   const shape: readonly string[] = SHAPES[name];
   const tokens = key.split(".");
   if (tokens.length !== shape.length) {

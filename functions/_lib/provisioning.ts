@@ -5,11 +5,11 @@ import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/inde
 import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
 
-/** The verb's subject (SPEC §4). */
+/** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";
 
 /**
- * The shape of the verb (SPEC §4), its one description: each `what` it answers (the first the
+ * The shape of the verb (docs/verb.md §4), its one description: each `what` it answers (the first the
  * default), with the narrowing fields it takes and the columns the CLI's table shows of it; each
  * narrowing field, in the order it is checked and offered, with the schema of its value and how
  * the CLI asks for it (`--<field> <value>`, and its help).
@@ -58,10 +58,12 @@ const count = z
   .pipe(z.number().int().min(1).max(MAX_LIMIT));
 
 type NarrowingFields = { [F in Narrowing]: z.ZodOptional<(typeof VERB_SHAPE.narrowings)[F]["schema"]> };
-const narrowingFields = Object.fromEntries(NARROWINGS.map((field) => [field, VERB_SHAPE.narrowings[field].schema.optional()])) as NarrowingFields;
+const narrowingFields = Object.fromEntries(
+  NARROWINGS.map((field) => [field, VERB_SHAPE.narrowings[field].schema.optional()]),
+) as NarrowingFields;
 
 /**
- * The request of `mesh-provisioner.provisioning` (SPEC §4): `what` (default `registry`), the
+ * The request of `mesh-provisioner.provisioning` (docs/verb.md §4): `what` (default `registry`), the
  * narrowings that apply to it, `limit` (1 to 10,000, default 1,000) and `cursor`. An unknown
  * field, a narrowing that does not apply to `what`, or a narrowing that is not one token
  * (a collection: a non-empty name) is refused, naming the field.
@@ -90,15 +92,15 @@ export const provisioningRequest = z
 export type ProvisioningRequest = z.output<typeof provisioningRequest>;
 
 /**
- * The members of an answer page (SPEC §4), in the order its JSON text writes them: the schema
+ * The members of an answer page (docs/verb.md §4), in the order its JSON text writes them: the schema
  * of the service's description ($SRV.INFO) and the page's text are both made from it.
  */
 const ANSWER_MEMBERS = {
   what: z.enum(WHATS),
   entries: z.array(
-    z.looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() }).describe(
-      "the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it",
-    ),
+    z
+      .looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() })
+      .describe("the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it"),
   ),
   // Each a key the narrowing reached that is not an entry, and why.
   outOfShape: z.array(z.object({ key: z.string(), reason: z.string() })),
@@ -108,7 +110,7 @@ const ANSWER_MEMBERS = {
 /** An answer page as a schema, for the service's description of it ($SRV.INFO). */
 export const answerSchema = z.object(ANSWER_MEMBERS);
 
-/** One page of the verb's answer (SPEC §4). */
+/** One page of the verb's answer (docs/verb.md §4). */
 export type Answer = z.output<typeof answerSchema>;
 
 const MEMBER_NAMES = Object.keys(ANSWER_MEMBERS) as (keyof Answer)[];
@@ -125,9 +127,7 @@ function answerText(members: { readonly [M in keyof Answer]: string }): string {
 
 /** The narrowing of a request, as key fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
-  return Object.fromEntries(
-    narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])),
-  );
+  return Object.fromEntries(narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])));
 }
 
 /** The key filters a request reads with: never the whole bucket when it narrows. */
@@ -138,7 +138,10 @@ export function requestFilters(request: ProvisioningRequest): string[] {
 /** Characters of a request's fingerprint in its cursors. */
 const FINGERPRINT = 16;
 const fingerprint = (request: ProvisioningRequest) =>
-  createHash("sha256").update(JSON.stringify([request.what, narrowingOf(request)])).digest("base64url").slice(0, FINGERPRINT);
+  createHash("sha256")
+    .update(JSON.stringify([request.what, narrowingOf(request)]))
+    .digest("base64url")
+    .slice(0, FINGERPRINT);
 
 /** A cursor's JSON: the key its page continues after, and the fingerprint of its request. */
 const cursorJson = (after: string, of: string) => JSON.stringify({ after, of });
@@ -198,7 +201,7 @@ export type Item = { readonly entry: string } | { readonly outOfShape: string };
 
 const outOfShape = (key: string, reason: string): { outOfShape: string } => ({ outOfShape: JSON.stringify({ key, reason }) });
 
-/** The item of one stored key (SPEC §4): an entry, or why it is out of shape. */
+/** The item of one stored key (docs/verb.md §4): an entry, or why it is out of shape. */
 export function itemOf(what: What, entry: Entry): Item {
   const decoded = decodeKey(what, entry.key);
   if (!decoded.ok) return outOfShape(entry.key, decoded.reason);
@@ -256,10 +259,12 @@ const emptyPage = (what: What) => ({ what: JSON.stringify(what), entries: "[]", 
  * (pages have always been cut with it).
  */
 const NEXT_BYTES =
-  Buffer.byteLength(answerText({ ...emptyPage(DEFAULT_WHAT), next: JSON.stringify("") })) - Buffer.byteLength(answerText(emptyPage(DEFAULT_WHAT))) + 1;
+  Buffer.byteLength(answerText({ ...emptyPage(DEFAULT_WHAT), next: JSON.stringify("") })) -
+  Buffer.byteLength(answerText(emptyPage(DEFAULT_WHAT))) +
+  1;
 
 /**
- * One page of the answer (SPEC §4), as JSON text of the shape of {@link Answer}, from the
+ * One page of the answer (docs/verb.md §4), as JSON text of the shape of {@link Answer}, from the
  * entries the request's filters reached, in key order (those after the cursor's key, and one
  * more than `limit` is enough to know whether keys remain): after the cursor's key, at most
  * `limit` items, at most `maxPayload` bytes less a headroom. A value too large for any reply

@@ -3,14 +3,14 @@ import { z } from "zod";
 import { RevisionConflict, type WriteBucket } from "../../runtime/index.ts";
 import { token } from "./keys.ts";
 
-/** Kinds whose values are secrets or credentials: never in a bucket (SPEC §3). */
+/** Kinds whose values are secrets or credentials: never in a bucket (docs/registry.md §3.3). */
 export const SECRET_KINDS = ["secret", "consumers"] as const;
 
 const subject = z.string().regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/, "must be a subject: tokens joined by '.'");
 const text = z.string().min(1);
 
 /**
- * One row of the registry table in `wrangler-free.config.ts` (SPEC §3): the kinds it answers,
+ * One row of the registry table in `wrangler-free.config.ts` (docs/registry.md §3): the kinds it answers,
  * the owning module, and where a client finds the values: `bucket` and `key` (plus
  * `collection` for collection kinds), or a `verb` asked by request/reply. Names in `<…>` are
  * filled in by the client.
@@ -39,7 +39,7 @@ export const registryRow = z
         ctx.addIssue({
           code: "custom",
           path: ["bucket"],
-          message: `a ${kind} is never in a bucket: answer kind ${kind} with a verb (SPEC §3)`,
+          message: `a ${kind} is never in a bucket: answer kind ${kind} with a verb (docs/registry.md §3.3)`,
         });
       }
     }
@@ -63,7 +63,7 @@ export const registryTable = z.array(registryRow).superRefine((rows, ctx) => {
 export type RegistryRow = z.input<typeof registryRow>;
 export type RegistryTable = z.output<typeof registryTable>;
 
-/** A value of the registry bucket, under key `<kind>` (SPEC §3). */
+/** A value of the registry bucket, under key `<kind>` (docs/registry.md §3). */
 export const registryValue = z.union([
   z.strictObject({ kind: token, module: text, bucket: text, key: text, collection: text.optional() }),
   z.strictObject({ kind: token, module: text, verb: subject }),
@@ -104,7 +104,7 @@ function parsed(value: Uint8Array): unknown {
 }
 
 /**
- * Compiles the table into the registry bucket (SPEC §3): writes each kind whose stored value
+ * Compiles the table into the registry bucket (docs/registry.md §3): writes each kind whose stored value
  * differs, deletes every key no row answers, touches nothing else. Every write is a
  * compare-and-set on the revision read, so replicas compiling at once converge; a lost race
  * re-reads the key and tries again (up to 5 times, then throws {@link RevisionConflict}).

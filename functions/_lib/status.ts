@@ -3,14 +3,14 @@ import { formatIssues, type ReadBucket } from "../../runtime/index.ts";
 import { failingValue } from "./follower.ts";
 import { decodeKey, filtersFor, token } from "./keys.ts";
 
-/** The status verb's subject (SPEC §5). */
+/** The status verb's subject (docs/failing.md §5). */
 export const STATUS = "mesh-provisioner.status";
 /** The function whose last scheduled run is the registry's `compiledAt`. */
 export const COMPILE_FUNCTION = "registry-compile";
 
 const decoder = new TextDecoder();
 
-/** The narrowing of status: each a token, like the verb's (SPEC §4). */
+/** The narrowing of status: each a token, like the verb's (docs/verb.md §4). */
 export const statusRequest = z.strictObject({
   provider: token.optional(),
   machine: token.optional(),
@@ -28,7 +28,7 @@ export interface Failing {
   readonly at: string;
 }
 
-/** The status answer (SPEC §5). */
+/** The status answer (docs/failing.md §5). */
 export interface Status {
   /** True only when nothing the narrowing reaches is failing. */
   readonly well: boolean;
@@ -48,7 +48,9 @@ const outOfShapeItem = z.object({ key: z.string(), reason: z.string() });
 /** The status answer as a schema, for the service's description of it ($SRV.INFO). */
 export const statusAnswer = z.object({
   well: z.boolean(),
-  failing: z.array(z.object({ provider: z.string(), machine: z.string(), consumer: z.string(), word: z.string(), since: z.string(), at: z.string() })),
+  failing: z.array(
+    z.object({ provider: z.string(), machine: z.string(), consumer: z.string(), word: z.string(), since: z.string(), at: z.string() }),
+  ),
   outOfShape: z.array(outOfShapeItem),
   omitted: z.number().int(),
   registry: z.object({ kinds: z.array(z.string()), compiledAt: z.string().nullable() }),
@@ -56,8 +58,7 @@ export const statusAnswer = z.object({
 }) satisfies z.ZodType<Status>;
 
 const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
-const byTriple = (a: Failing, b: Failing) =>
-  order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
+const byTriple = (a: Failing, b: Failing) => order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
 
 /** The failing triples and out-of-shape keys among the live keys of the failing bucket. */
 export function failingOf(entries: readonly { key: string; value: Uint8Array }[]): Pick<Status, "failing" | "outOfShape"> {
@@ -83,7 +84,7 @@ export function failingOf(entries: readonly { key: string; value: Uint8Array }[]
   return { failing: failing.sort(byTriple), outOfShape };
 }
 
-/** How many failing triples the failing bucket holds (its live keys in shape), and how many keys are out of shape (SPEC §5). */
+/** How many failing triples the failing bucket holds (its live keys in shape), and how many keys are out of shape (docs/failing.md §5). */
 export async function countFailing(failing: ReadBucket): Promise<{ failing: number; outOfShape: number }> {
   const found = failingOf(await failing.list(">"));
   return { failing: found.failing.length, outOfShape: found.outOfShape.length };
@@ -93,7 +94,7 @@ export async function countFailing(failing: ReadBucket): Promise<{ failing: numb
 const HEADROOM = 1024;
 
 /**
- * Status (SPEC §5) of what `request` narrows to, from the failing and registry buckets and
+ * Status (docs/failing.md §5) of what `request` narrows to, from the failing and registry buckets and
  * the runtime's count of refused events. `well` is false while any reached key is failing or
  * out of shape. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
  * last failing triples are left out, and counted in `omitted`.

@@ -1,7 +1,7 @@
 /**
  * The `{ cron, onStart? }` trigger kind: a cron schedule run by croner (5 fields, or 6 with
  * seconds), and once at start when `onStart`. Each scheduled time runs once across replicas:
- * the replica that claims it in `<seat>_claims` runs it (docs/runtime.md §6.5).
+ * the replica that claims it in `<seat>_claims` runs it (docs/runtime.md §6.3.3).
  */
 import { Cron } from "croner";
 import { z } from "zod";
@@ -9,8 +9,10 @@ import type { TriggerKind } from "./kind.ts";
 
 /** `{ cron, onStart? }`: a cron expression croner takes, and whether to run once at start too. */
 export type CronTrigger = { readonly cron: string; readonly onStart?: boolean };
+/** What a scheduled run says of it: its schedule and the time it was scheduled for; or that it is the run at start. */
+export type CronInfo = { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date } | { readonly kind: "start" };
 
-export const cron: TriggerKind<"cron", CronTrigger> = {
+export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
   key: "cron",
   shape: "{ cron, onStart? }",
   schema: z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() }),

@@ -1,7 +1,7 @@
 /**
  * The `{ event, stream? }` trigger kind: messages on a subject (wildcards allowed). With a stream
  * of the config, through a durable consumer of that stream, so nothing published while the set
- * is down is lost; without, a plain subscription in the seat's queue group (docs/runtime.md §6.4).
+ * is down is lost; without, a plain subscription in the seat's queue group (docs/runtime.md §6.3.2).
  */
 import { AckPolicy, DeliverPolicy, nanos, type ConsumerMessages, type JetStreamManager, type JsMsg, type Subscription } from "nats";
 import type { Logger } from "pino";
@@ -13,6 +13,17 @@ import { bindingName, type Target, type TriggerKind } from "./kind.ts";
 
 /** `{ event, stream? }`: a subject or pattern, and the name of a stream in the config's `streams`. */
 export type EventTrigger = { readonly event: string; readonly stream?: string };
+/**
+ * What an event's run says of it: its subject and, with a stream, the stream's name, the
+ * message's stream sequence and how often it was delivered.
+ */
+export type EventInfo = {
+  readonly kind: "event";
+  readonly subject: string;
+  readonly stream?: string;
+  readonly sequence?: number;
+  readonly deliveries?: number;
+};
 
 const schema = z.strictObject({
   event: z
@@ -91,19 +102,27 @@ async function bindDurable(jsm: JetStreamManager, stream: string, durable: strin
   await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from });
 }
 
-export const event: TriggerKind<"event", EventTrigger> = {
+export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
   key: "event",
   shape: "{ event, stream? }",
   schema,
   checkConfig(trigger, config) {
     if (trigger.stream === undefined || trigger.stream in config.streams) return [];
     const known = Object.keys(config.streams);
-    return [{ at: "stream", message: `no stream "${trigger.stream}" in the config` + (known.length > 0 ? ` (it has ${known.join(", ")})` : " (it has no streams)") }];
+    return [
+      {
+        at: "stream",
+        message:
+          `no stream "${trigger.stream}" in the config` + (known.length > 0 ? ` (it has ${known.join(", ")})` : " (it has no streams)"),
+      },
+    ];
   },
   describe: (trigger) => `event ${trigger.event}${trigger.stream ? ` (stream ${trigger.stream})` : ""}`,
   /** Assert the streams and run the durable consumers (create, info, pull, acknowledge); subscribe to plain events. */
   seatGrants(targets, config) {
-    const streams = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [config.streams[t.trigger.stream]!.stream])))];
+    const streams = [
+      ...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [config.streams[t.trigger.stream]!.stream]))),
+    ];
     return {
       publish: [
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
@@ -162,7 +181,11 @@ export const event: TriggerKind<"event", EventTrigger> = {
       const messages = await consumer.consume({ max_messages: BATCH });
       const one = async (m: JsMsg) => {
         if (!subjectMatches(trigger.event, m.subject)) return m.ack();
-        const outcome = await env.run(fn, { data: m.data }, { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount });
+        const outcome = await env.run(
+          fn,
+          { data: m.data },
+          { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount },
+        );
         // A refusal is acknowledged (the runner counted it); a fault comes again.
         if (!outcome.ok && outcome.error.code >= 500) m.nak(backoff(m.info.redeliveryCount));
         else m.ack();

@@ -1,7 +1,7 @@
 /**
  * The `{ http: "METHOD /path" }` trigger kind: a route of the set's one HTTP server (Hono on
  * Node), beside the runtime's own `/healthz`, `/readyz` and `/metrics`. It always listens, also
- * when no function has a route (docs/runtime.md §6.6).
+ * when no function has a route (docs/runtime.md §6.3.4).
  */
 import type { Server } from "node:http";
 import { serve, type ServerType } from "@hono/node-server";
@@ -18,6 +18,8 @@ export type HttpMethod = (typeof HTTP_METHODS)[number];
 
 /** `{ http: "METHOD /path" }`. */
 export type HttpTrigger = { readonly http: `${HttpMethod} /${string}` };
+/** What a request's run says of it: the method and the route's path. */
+export type HttpInfo = { readonly kind: "http"; readonly method: string; readonly path: string };
 
 /** HTTP paths the runtime answers itself: health, readiness and metrics. */
 export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
@@ -47,7 +49,10 @@ const jsonType = () => ({ "content-type": "application/json" });
  * `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }` with what
  * `probes.ready` says is missing; and `GET /metrics` the metrics in Prometheus's text format.
  */
-export function httpApp<F extends FunctionRef>(targets: readonly Target<HttpTrigger, F>[], env: Pick<BindEnv<F>, "run" | "log" | "probes" | "metrics">): Hono {
+export function httpApp<F extends FunctionRef>(
+  targets: readonly Target<HttpTrigger, F>[],
+  env: Pick<BindEnv<F, HttpInfo>, "run" | "log" | "probes" | "metrics">,
+): Hono {
   const app = new Hono();
   app.get("/healthz", (c) => {
     const dead = env.probes.live();
@@ -107,7 +112,7 @@ async function closeHttp(http: ServerType, graceMs: number): Promise<void> {
   clearTimeout(timer);
 }
 
-export const http: TriggerKind<"http", HttpTrigger> = {
+export const http: TriggerKind<"http", HttpTrigger, HttpInfo> = {
   key: "http",
   shape: '{ http: "METHOD /path" }',
   schema,

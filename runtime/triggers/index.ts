@@ -6,13 +6,16 @@
 import { cron } from "./cron.ts";
 import { event } from "./event.ts";
 import { http } from "./http.ts";
-import type { AnyKind, TriggerOf } from "./kind.ts";
+import type { AnyKind, InfoOf, TriggerOf } from "./kind.ts";
 import { subject } from "./subject.ts";
 
 const LIST = [subject, event, cron, http] as const;
 
-/** What makes a function run: a trigger of one of the kinds (docs/runtime.md §6.2). */
+/** What makes a function run: a trigger of one of the kinds (docs/runtime.md §6.3). */
 export type Trigger = TriggerOf<(typeof LIST)[number]>;
+
+/** What the runs of every kind say of their trigger to the handler (`ctx.trigger`). */
+export type KindInfo = InfoOf<(typeof LIST)[number]>;
 
 export const KINDS: readonly AnyKind[] = LIST;
 

@@ -9,7 +9,7 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { Config } from "../config.ts";
-import type { Outcome, RawInput, TriggerInfo } from "../types.ts";
+import type { Outcome, RawInput } from "../types.ts";
 
 /** What a kind sees of a function: its name and file, what it says of itself, its schemas and triggers. */
 export interface FunctionRef {
@@ -50,8 +50,13 @@ export interface Probes {
   ready(): string[];
 }
 
+/** What a run says of its trigger (`ctx.trigger`): a `kind`, and the kind's own fields. */
+export interface RunInfo {
+  readonly kind: string;
+}
+
 /** What binding a kind is given: the shared connection, and the runtime's services it may use. */
-export interface BindEnv<F extends FunctionRef = FunctionRef> {
+export interface BindEnv<F extends FunctionRef = FunctionRef, I extends RunInfo = RunInfo> {
   readonly nc: NatsConnection;
   readonly config: Config;
   readonly log: Logger;
@@ -59,7 +64,7 @@ export interface BindEnv<F extends FunctionRef = FunctionRef> {
    * Runs `fn` once from its raw input (the runner: parsing, the input schema, the handler,
    * error → code, logs, metrics and records). Never throws.
    */
-  run(fn: F, input: RawInput, trigger: TriggerInfo): Promise<Outcome>;
+  run(fn: F, input: RawInput, trigger: I): Promise<Outcome>;
   /** Claims the run of `fn` scheduled at `scheduledAt` for this replica: `false` when another replica has. */
   claim(fn: string, scheduledAt: Date): Promise<boolean>;
   /** The function set's version (its `package.json`), for the NATS service. */
@@ -91,9 +96,14 @@ export interface Grants {
 
 /**
  * A trigger kind. `key` names it in a trigger object (`{ subject: … }`); `T` is its triggers'
- * shape. Every member but `bind` may be left out when the kind has nothing to say there.
+ * shape; `I` what its runs say of their trigger to the handler (`ctx.trigger`). Every member but
+ * `bind` may be left out when the kind has nothing to say there.
  */
-export interface TriggerKind<K extends string = string, T extends { readonly [key in K]: unknown } = { readonly [key in K]: unknown }> {
+export interface TriggerKind<
+  K extends string = string,
+  T extends { readonly [key in K]: unknown } = { readonly [key in K]: unknown },
+  I extends RunInfo = RunInfo,
+> {
   readonly key: K;
   /** How its trigger is written, for the refusal of an unknown trigger: `{ subject }`. */
   readonly shape: string;
@@ -112,7 +122,7 @@ export interface TriggerKind<K extends string = string, T extends { readonly [ke
   /** Subjects every node and provider may request: the seat's verbs. */
   asked?(targets: readonly Target<T>[]): string[];
   /** Binds every trigger of this kind (also when there are none, if the kind serves anyway). */
-  bind<F extends FunctionRef>(targets: readonly Target<T, F>[], env: BindEnv<F>): Promise<Binding>;
+  bind<F extends FunctionRef>(targets: readonly Target<T, F>[], env: BindEnv<F, I>): Promise<Binding>;
 }
 
 /** Each function paired with each of its triggers of `kind`, in load order. */
@@ -126,7 +136,10 @@ export function targetsOf<K extends string, T extends { readonly [key in K]: unk
 }
 
 /** Any trigger kind, as the lists of kinds hold them. */
-export type AnyKind = TriggerKind<string, any>;
+export type AnyKind = TriggerKind<string, any, any>;
 
 /** The triggers' shape of a kind. */
-export type TriggerOf<Kind> = Kind extends TriggerKind<string, infer T> ? T : never;
+export type TriggerOf<Kind> = Kind extends { readonly schema: z.ZodType<infer T> } ? T : never;
+
+/** What the runs of a kind say of their trigger. */
+export type InfoOf<Kind> = Kind extends { bind(targets: never, env: BindEnv<never, infer I>): unknown } ? I : never;

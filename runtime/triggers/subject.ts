@@ -1,7 +1,7 @@
 /**
  * The `{ subject }` trigger kind: request/reply on a NATS subject. Every such trigger of the set
  * is an endpoint of one NATS service named after the seat, in the seat's queue group so replicas
- * share the requests; answers go to inboxes only (docs/runtime.md §6.3).
+ * share the requests; answers go to inboxes only (docs/runtime.md §6.3.1).
  */
 import type { Service, ServiceMsg } from "nats";
 import { z } from "zod";
@@ -12,6 +12,8 @@ import { bindingName, type FunctionRef, type TriggerKind } from "./kind.ts";
 
 /** `{ subject }`: a subject without wildcards, outside the server's and the replies' spaces. */
 export type SubjectTrigger = { readonly subject: string };
+/** What a request's run says of it: the subject it was sent on. */
+export type SubjectInfo = { readonly kind: "subject"; readonly subject: string };
 
 const schema = z.strictObject({
   subject: z
@@ -21,7 +23,8 @@ const schema = z.strictObject({
 });
 
 /** The `$SRV` subjects of the seat's service: discovery (`PING`, `INFO`, `STATS`), all and by name. */
-const serviceSubjects = (seat: string) => ["PING", "INFO", "STATS"].flatMap((v) => [`$SRV.${v}`, `$SRV.${v}.${seat}`, `$SRV.${v}.${seat}.*`]);
+const serviceSubjects = (seat: string) =>
+  ["PING", "INFO", "STATS"].flatMap((v) => [`$SRV.${v}`, `$SRV.${v}.${seat}`, `$SRV.${v}.${seat}.*`]);
 
 /** What a run adds to its endpoint's `$SRV.STATS`. */
 interface EndpointStats {
@@ -38,8 +41,7 @@ interface EndpointStats {
 function endpointStats(service: Service, name: string): EndpointStats | undefined {
   const handlers = (service as unknown as { handlers?: { name: string; stats?: Record<string, unknown> }[] }).handlers;
   const counters = handlers?.find((h) => h.name === name)?.stats as
-    | { processing_time: number; average_processing_time: number; num_requests: number; num_errors: number; last_error?: string }
-    | undefined;
+    { processing_time: number; average_processing_time: number; num_requests: number; num_errors: number; last_error?: string } | undefined;
   if (counters === undefined || typeof counters.processing_time !== "number" || typeof counters.num_errors !== "number") return undefined;
   return {
     ran(ms, error) {
@@ -82,7 +84,7 @@ function refuse(msg: ServiceMsg, code: number, message: string): void {
   msg.respondError(code, refusalMessage(message), encoder.encode(errorBody(code, message)));
 }
 
-export const subject: TriggerKind<"subject", SubjectTrigger> = {
+export const subject: TriggerKind<"subject", SubjectTrigger, SubjectInfo> = {
   key: "subject",
   shape: "{ subject }",
   schema,
@@ -99,8 +101,8 @@ export const subject: TriggerKind<"subject", SubjectTrigger> = {
   /**
    * Adds every trigger as an endpoint ({@link bindingName}) of the NATS service `<seat>`, queue
    * group `<seat>`, with {@link endpointMetadata}. Answers are the handler's value as JSON;
-   * refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body (docs/verb.md
-   * §4). A request whose reply subject is not an inbox is logged and not answered. Stopping takes
+   * refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body
+   * (docs/verb.md §4.3). A request whose reply subject is not an inbox is logged and not answered. Stopping takes
    * no new request and answers those in hand, for at most the grace.
    */
   async bind(targets, env) {
@@ -131,7 +133,10 @@ export const subject: TriggerKind<"subject", SubjectTrigger> = {
           // An answer goes to an inbox only: a reply subject such as `$KV.<bucket>.<key>` would
           // have the seat write, with its own rights, what the requester may not.
           if (!msg.reply?.startsWith("_INBOX.")) {
-            return env.log.warn({ function: fn.name, subject: msg.subject, reply: msg.reply?.slice(0, 200) }, "request not answered: its reply subject is not an inbox");
+            return env.log.warn(
+              { function: fn.name, subject: msg.subject, reply: msg.reply?.slice(0, 200) },
+              "request not answered: its reply subject is not an inbox",
+            );
           }
           const answering: Promise<void> = answer(msg)
             .catch((e: unknown) => env.log.error({ function: fn.name, err: e }, "request not answered"))

@@ -1,5 +1,5 @@
 /**
- * Freshness of a live view: whether it holds every write acknowledged before a read (SPEC §4).
+ * Freshness of a live view: whether it holds every write acknowledged before a read (docs/verb.md §4).
  * It asks the stream whether anything follows the last sequence the view applied, else for the
  * stream's last sequence, and waits up to {@link CATCH_UP_MS} for the view to reach it.
  * Concurrent reads share these requests. It knows sequences only, nothing of the view's tree.
@@ -51,7 +51,11 @@ export type NothingAfter = (sequence: number) => Promise<boolean>;
  * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
  * none. Each request times out after 5 s; the probe rejects when its request fails.
  */
-export function nothingAfterProbe(nc: NatsConnection, bucket: string, config: Pick<StreamConfig, "allow_direct" | "num_replicas">): NothingAfter {
+export function nothingAfterProbe(
+  nc: NatsConnection,
+  bucket: string,
+  config: Pick<StreamConfig, "allow_direct" | "num_replicas">,
+): NothingAfter {
   const stream = `KV_${bucket}`;
   // A replicated stream's followers answer direct gets too, and may lag: ask its leader.
   const direct = config.allow_direct === true && config.num_replicas === 1;
@@ -70,7 +74,12 @@ export function nothingAfterProbe(nc: NatsConnection, bucket: string, config: Pi
  * `KV_<bucket>` (`$JS.API.STREAM.INFO.KV_<bucket>`). Calls are {@link coalesced}; a call rejects
  * when a request fails.
  */
-export function targetSequence(jsm: JetStreamManager, bucket: string, applied: () => number, nothingAfter: NothingAfter): () => Promise<number> {
+export function targetSequence(
+  jsm: JetStreamManager,
+  bucket: string,
+  applied: () => number,
+  nothingAfter: NothingAfter,
+): () => Promise<number> {
   const stream = `KV_${bucket}`;
   return coalesced(async () => {
     const held = applied();

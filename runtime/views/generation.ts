@@ -57,7 +57,7 @@ export async function startGeneration(
   try {
     watch = await watchOf(kv, { key: ">", initializedFn: () => loadedFn() });
   } catch (err) {
-    throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`);
+    throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`, { cause: err });
   }
   const generation: Generation = { tree: new BTree<string, KeyRecord>(), applied: 0, watch, loaded, cut: new WeakSet() };
   void (async () => {
@@ -123,7 +123,13 @@ export function* matching(tree: KeyTree, filter: string, after: string | undefin
  * key order; deleted ones only when `deleted`. Throws, as {@link filterList} does, on a filter
  * longer than `MAX_KEY_BYTES`.
  */
-export function collect(tree: KeyTree, bucket: string, filters: string | readonly string[], options: ListOptions, deleted: boolean): KeyRecord[] {
+export function collect(
+  tree: KeyTree,
+  bucket: string,
+  filters: string | readonly string[],
+  options: ListOptions,
+  deleted: boolean,
+): KeyRecord[] {
   const all = filterList(bucket, filters);
   const limit = options.limit ?? Infinity;
   const found = new Map<string, KeyRecord>();

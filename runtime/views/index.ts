@@ -30,7 +30,7 @@ export interface LiveView extends ViewBucket {
  * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
  * every key (`$KV.<bucket>.>`, last values then updates) kept in a B+ tree by key, delete
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
- * makes sure the view holds every write acknowledged before it was asked (SPEC §4), as
+ * makes sure the view holds every write acknowledged before it was asked (docs/verb.md §4), as
  * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
  * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, its
  * leader's answer, when the stream does not allow direct gets or has replicas), or else the view waits for the stream's last
@@ -120,7 +120,8 @@ export async function openView(
       const record = generation.tree.get(checkedKey(bucket, key));
       return record === undefined ? null : whole(generation, record);
     },
-    list: async (filters: string | readonly string[], options: ListOptions = {}) => collect(current!.tree, bucket, filters, options, false).map(live),
+    list: async (filters: string | readonly string[], options: ListOptions = {}) =>
+      collect(current!.tree, bucket, filters, options, false).map(live),
     async records(filters: string | readonly string[], options: ListOptions = {}) {
       const generation = current!;
       const found = collect(generation.tree, bucket, filters, options, true);

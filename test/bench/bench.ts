@@ -86,7 +86,9 @@ async function watchRead(kv: KV, key = ">"): Promise<number> {
 }
 
 /** p50 and mean of `task` in milliseconds, with tinybench. */
-async function latency(tasks: Record<string, () => Promise<unknown>>): Promise<Record<string, { p50: number; mean: number; samples: number }>> {
+async function latency(
+  tasks: Record<string, () => Promise<unknown>>,
+): Promise<Record<string, { p50: number; mean: number; samples: number }>> {
   const bench = new Bench({ time: LATENCY_MS, warmupTime: 300 });
   for (const [name, fn] of Object.entries(tasks)) bench.add(name, fn);
   await bench.run();
@@ -123,12 +125,13 @@ async function main() {
   // The bench's own client writes every node's keys and answers echo: any subject.
   const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
   server = await startEmbedded({ stateDir: dir, users: [...users, { role: "node", user: "bench", permissions: wide }] });
-  const natsVersion = (await (async () => {
-    const probe = await connect({ servers: server!.url, user: "bench", pass: server!.users.bench!.password });
-    const v = probe.info?.version;
-    await probe.close();
-    return v;
-  })()) ?? "?";
+  const natsVersion =
+    (await (async () => {
+      const probe = await connect({ servers: server!.url, user: "bench", pass: server!.users.bench!.password });
+      const v = probe.info?.version;
+      await probe.close();
+      return v;
+    })()) ?? "?";
   line(`nats-server ${natsVersion} at ${server.url}`);
   const benchUser = { user: "bench", pass: server.users.bench!.password };
   const nc = await connect({ servers: server.url, ...benchUser, name: "bench" });
@@ -148,7 +151,11 @@ async function main() {
 
   // The set asserts the buckets and streams; the bench then fills them as node clients would.
   let set = await startSet();
-  const echo = await child(["--import", "tsx", join(import.meta.dirname, "echo.ts")], { NATS_URL: server.url, NATS_USER: "bench", NATS_PASSWORD: benchUser.pass }, /^ready$/);
+  const echo = await child(
+    ["--import", "tsx", join(import.meta.dirname, "echo.ts")],
+    { NATS_URL: server.url, NATS_USER: "bench", NATS_PASSWORD: benchUser.pass },
+    /^ready$/,
+  );
   const kv = async (name: string) => js.views.kv(config.buckets[name]!.bucket, { bindOnly: true, allow_direct: true });
   const needs = await kv("needs");
 
@@ -167,7 +174,10 @@ async function main() {
     for (let n = from; n < to; n++)
       for (let m = 0; m < MODULES; m++)
         for (let j = 0; j < PER_MODULE; j++)
-          yield [`n${n}.m${m}.config.v${j}`, JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) })];
+          yield [
+            `n${n}.m${m}.config.v${j}`,
+            JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) }),
+          ];
   }
 
   const narrowed = { what: "needs", node: "n5", module: "m3" };
@@ -176,7 +186,8 @@ async function main() {
       if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`verb refused: ${m.headers.get("Nats-Service-Error")}`);
       return JSON.parse(decoder.decode(m.data)) as { entries: unknown[]; next?: string };
     });
-  const askEcho = (conn: NatsConnection) => conn.request("bench.echo", encoder.encode('{"what":"needs","node":"n5","module":"m3"}'), { timeout: 30_000 });
+  const askEcho = (conn: NatsConnection) =>
+    conn.request("bench.echo", encoder.encode('{"what":"needs","node":"n5","module":"m3"}'), { timeout: 30_000 });
 
   const narrowedTasks = (size: string) => ({
     [`echo`]: () => askEcho(nc),
@@ -195,12 +206,22 @@ async function main() {
   await fill(needs, needsOf(10, NODES));
   const applied = await kv("applied");
   const collect = await kv("collect");
-  await fill(applied, (function* () {
-    for (let n = 0; n < NODES; n++) for (let m = 0; m < MODULES; m++) yield [`n${n}.m${m}`, JSON.stringify({ applied: `rev-${n}-${m}`, at: "2026-11-29T18:00:00Z" })] as [string, string];
-  })());
-  await fill(collect, (function* () {
-    for (let n = 0; n < NODES; n++) for (let c = 0; c < 10; c++) yield [`n${n}.shell=3Azsh=3Anormal.c${c}`, JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
-  })());
+  await fill(
+    applied,
+    (function* () {
+      for (let n = 0; n < NODES; n++)
+        for (let m = 0; m < MODULES; m++)
+          yield [`n${n}.m${m}`, JSON.stringify({ applied: `rev-${n}-${m}`, at: "2026-11-29T18:00:00Z" })] as [string, string];
+    })(),
+  );
+  await fill(
+    collect,
+    (function* () {
+      for (let n = 0; n < NODES; n++)
+        for (let c = 0; c < 10; c++)
+          yield [`n${n}.shell=3Azsh=3Anormal.c${c}`, JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
+    })(),
+  );
   line("filled needs: 100,000 keys; applied: 10,000; collect: 10,000");
 
   // 3. Start-to-ready with those buckets, against one unfiltered read of every bucket the set views.
@@ -272,7 +293,12 @@ async function main() {
   const rss = rssOf(set.process.pid!);
 
   // 7. A steady registry compile: nothing changed, the registry read and compared.
-  const seat = await connect({ servers: server.url, user: server.seat.user, pass: server.seat.password, inboxPrefix: `_INBOX.${server.seat.user}` });
+  const seat = await connect({
+    servers: server.url,
+    user: server.seat.user,
+    pass: server.seat.password,
+    inboxPrefix: `_INBOX.${server.seat.user}`,
+  });
   const runner = await openRunner({ nc: seat, config, log: createLogger({ LOG_LEVEL: "silent" }) });
   const compile = functions.find((fn) => fn.name === "registry-compile")!;
   const compiles = await latency({ "registry compile": () => invoke(runner, compile) });
@@ -287,7 +313,12 @@ async function main() {
   for (let e = 0; e < EVENTS / 1000; e++) {
     for (let t = 0; t < 1000; t++) {
       const kind = e % 2 === 0 ? "failing" : "recovered";
-      const event = { machine: `n${t}`, consumer: `c${t % 7}`, at: new Date(base + e * 1000 + t).toISOString(), ...(kind === "failing" ? { word: `down ${e}` } : {}) };
+      const event = {
+        machine: `n${t}`,
+        consumer: `c${t % 7}`,
+        at: new Date(base + e * 1000 + t).toISOString(),
+        ...(kind === "failing" ? { word: `down ${e}` } : {}),
+      };
       acks.push(js.publish(`${providers[t % providers.length]}.provisioner.${kind}`, encoder.encode(JSON.stringify(event))));
     }
     await Promise.all(acks.splice(0));
@@ -318,7 +349,12 @@ async function main() {
    * acks, 64 pulled at once, up to 64 in hand): `work` for each, then the ack.
    */
   const consumerLoop = async (durable: string, work: (m: JsMsg) => Promise<unknown> | void) => {
-    await jsm.consumers.add(stream, { durable_name: durable, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, max_ack_pending: 1000 });
+    await jsm.consumers.add(stream, {
+      durable_name: durable,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      max_ack_pending: 1000,
+    });
     const total = (await jsm.streams.info(stream)).state.messages;
     const messages = await (await js.consumers.get(stream, durable)).consume({ max_messages: 64 });
     const running = new Set<Promise<void>>();
@@ -326,7 +362,9 @@ async function main() {
     let began = 0;
     for await (const m of messages) {
       if (taken === 0) began = performance.now();
-      const done: Promise<void> = Promise.resolve(work(m)).then(() => m.ack()).finally(() => running.delete(done));
+      const done: Promise<void> = Promise.resolve(work(m))
+        .then(() => m.ack())
+        .finally(() => running.delete(done));
       running.add(done);
       if (running.size >= 64) await Promise.race(running);
       if (++taken === total) break;
@@ -356,7 +394,13 @@ async function main() {
   const watched = median(watchRuns);
   const readAllMs = median(readAll);
   const figures = {
-    machine: { cpus: cpus().length, model: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, natsServer: natsVersion },
+    machine: {
+      cpus: cpus().length,
+      model: cpus()[0]?.model,
+      memoryGiB: Math.round(totalmem() / 2 ** 30),
+      node: process.version,
+      natsServer: natsVersion,
+    },
     at: new Date().toISOString(),
     narrowed1k: at1k,
     narrowed100k: at100k,
@@ -364,9 +408,21 @@ async function main() {
     unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
     concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps, echoRuns, verbRuns },
     registryCompile: compiles["registry compile"],
-    follower: { events: EVENTS, followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate, storeLoopEventsPerSecond: storeRate },
+    follower: {
+      events: EVENTS,
+      followerEventsPerSecond: followerRate,
+      ackLoopEventsPerSecond: loopRate,
+      storeLoopEventsPerSecond: storeRate,
+    },
     rssBytes: rss,
-    startToReady: { readyMs, readyRuns, processSpawnToReadyMs: processReady, unfilteredReadOfViewedBucketsMs: readAllMs, readAllRuns: readAll, buckets: viewed },
+    startToReady: {
+      readyMs,
+      readyRuns,
+      processSpawnToReadyMs: processReady,
+      unfilteredReadOfViewedBucketsMs: readAllMs,
+      readAllRuns: readAll,
+      buckets: viewed,
+    },
   };
   const targets = [
     ["narrowed 100k: verb p50 / echo p50", verb100k / echo100k, "≤ 3", verb100k / echo100k <= 3],
@@ -386,11 +442,20 @@ async function main() {
     ["raw-filter p50, 10 keys (1k · 100k)", `${ms(at1k["raw-filter 1k"]!.p50)} · ${ms(raw100k)}`],
     ["verb p50, 10 keys (1k · 100k)", `${ms(verb1k)} · ${ms(verb100k)}`],
     [`all 100,000 needs: verb pages (${pages}) · one unfiltered watch`, `${ms(paged)} · ${ms(watched)}`],
-    [`${CONCURRENT} requesters, ${CONCURRENT_MS / 1000} s: echo · verb (medians of 3)`, `${Math.round(echoRps)} · ${Math.round(verbRps)} requests/s`],
+    [
+      `${CONCURRENT} requesters, ${CONCURRENT_MS / 1000} s: echo · verb (medians of 3)`,
+      `${Math.round(echoRps)} · ${Math.round(verbRps)} requests/s`,
+    ],
     ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
-    [`${EVENTS.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`, `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`],
+    [
+      `${EVENTS.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
+      `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`,
+    ],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
-    ["start-to-ready · process spawn-to-ready · read all viewed buckets (medians of 3)", `${readyMs} ms · ${Math.round(processReady)} ms · ${Math.round(readAllMs)} ms`],
+    [
+      "start-to-ready · process spawn-to-ready · read all viewed buckets (medians of 3)",
+      `${readyMs} ms · ${Math.round(processReady)} ms · ${Math.round(readAllMs)} ms`,
+    ],
   ];
   const width = Math.max(...rows.map(([k]) => k.length), ...targets.map(([k]) => k.length));
   line("");
@@ -400,8 +465,12 @@ async function main() {
   line("");
   line("| target | ratio | wanted | met |");
   line("|---|---|---|---|");
-  for (const [k, ratio, wanted, met] of targets) line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${wanted === "-" ? "-" : met ? "yes" : "NO"} |`);
-  writeFileSync(RESULTS, `${JSON.stringify({ ...figures, targets: targets.filter(([, , wanted]) => wanted !== "-").map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`);
+  for (const [k, ratio, wanted, met] of targets)
+    line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${wanted === "-" ? "-" : met ? "yes" : "NO"} |`);
+  writeFileSync(
+    RESULTS,
+    `${JSON.stringify({ ...figures, targets: targets.filter(([, , wanted]) => wanted !== "-").map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`,
+  );
   line(`\nwritten to ${RESULTS}`);
 }
 

@@ -1,0 +1,96 @@
+import { readdirSync, readFileSync, statSync } from "node:fs";
+import { join, relative } from "node:path";
+import { cruise, type ICruiseResult } from "dependency-cruiser";
+import { describe, expect, it } from "vitest";
+import { ROOT } from "./helpers.ts";
+
+/** The runtime's import graph, type-only imports included: file → the runtime files it imports. */
+async function runtimeImports(): Promise<Map<string, string[]>> {
+  const { output } = await cruise(["runtime"], { tsPreCompilationDeps: true, baseDir: ROOT, doNotFollow: { path: "node_modules" } });
+  const graph = new Map<string, string[]>();
+  for (const module of (output as ICruiseResult).modules) {
+    if (!module.source.startsWith("runtime/")) continue;
+    graph.set(
+      module.source,
+      module.dependencies.map((d) => d.resolved).filter((r) => r.startsWith("runtime/")),
+    );
+  }
+  return graph;
+}
+
+/** The longest chain of imports from any file of `graph`, as the files it passes (the graph has no cycle). */
+function longestChain(graph: Map<string, string[]>): string[] {
+  const memo = new Map<string, string[]>();
+  const from = (file: string): string[] => {
+    const known = memo.get(file);
+    if (known !== undefined) return known;
+    const chain = [file, ...(graph.get(file) ?? []).map(from).reduce<string[]>((a, b) => (b.length > a.length ? b : a), [])];
+    memo.set(file, chain);
+    return chain;
+  };
+  return [...graph.keys()].map(from).reduce<string[]>((a, b) => (b.length > a.length ? b : a), []);
+}
+
+describe("the runtime's layers (docs/runtime.md §6.10)", () => {
+  it("keep every import chain inside runtime/ at 10 files or fewer", async () => {
+    const chain = longestChain(await runtimeImports());
+    expect(chain.length, chain.join(" → ")).toBeLessThanOrEqual(10);
+  });
+
+  it("keep the trigger kinds in their own files, listed once", async () => {
+    const graph = await runtimeImports();
+    const kinds = ["subject", "event", "cron", "http"].map((k) => `runtime/triggers/${k}.ts`);
+    const importers = (file: string) => [...graph].filter(([, deps]) => deps.includes(file)).map(([from]) => from);
+    for (const kind of kinds) expect(importers(kind)).toEqual(["runtime/triggers/index.ts"]);
+  });
+});
+
+/** Every source file of the project outside node_modules and local state. */
+function sources(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    if (["node_modules", ".state", ".git", "docs"].includes(name)) return [];
+    if (statSync(path).isDirectory()) return sources(path);
+    return /\.(ts|mjs|cjs)$/.test(name) ? [path] : [];
+  });
+}
+
+/** The headings of docs/<file>: their section numbers (`§4.2`). */
+function sections(file: string): Set<string> {
+  const text = readFileSync(join(ROOT, "docs", file), "utf8");
+  return new Set([...text.matchAll(/^#+ §(\d+(?:\.\d+)*)\b/gm)].map((m) => m[1]!));
+}
+
+describe("citations of docs/ in the code", () => {
+  it("resolve each to a heading of the file it names, and none cites anything else", () => {
+    const unresolved: string[] = [];
+    const bare: string[] = [];
+    for (const file of sources(ROOT)) {
+      readFileSync(file, "utf8")
+        .split("\n")
+        .forEach((line, i) => {
+          const at = `${relative(ROOT, file)}:${i + 1}`;
+          for (const m of line.matchAll(/docs\/([a-z-]+\.md) ((?:§\d+(?:\.\d+)*(?:, )?)+)/g)) {
+            let known: Set<string>;
+            try {
+              known = sections(m[1]!);
+            } catch {
+              unresolved.push(`${at}: docs/${m[1]} does not exist`);
+              continue;
+            }
+            for (const cited of m[2]!
+              .split(", ")
+              .map((s) => s.replace("§", "").trim())
+              .filter(Boolean)) {
+              if (!known.has(cited)) unresolved.push(`${at}: docs/${m[1]} has no heading §${cited}`);
+            }
+          }
+          // A § that no `docs/<file>.md` names is a citation a reader cannot follow.
+          const rest = line.replace(/docs\/[a-z-]+\.md (?:§\d+(?:\.\d+)*(?:, )?)+/g, "");
+          if (/§\d/.test(rest) && !file.endsWith("architecture.test.ts")) bare.push(`${at}: ${line.trim()}`);
+        });
+    }
+    expect(unresolved).toEqual([]);
+    expect(bare).toEqual([]);
+  });
+});
