@@ -42,6 +42,8 @@ function startReplicaA(): Promise<typeof a> {
       LOG_LEVEL: "warn",
     },
   });
+  // Its log lines (stdout) are read and dropped: a pipe nobody reads fills up and holds the replica's writes, and so the replica.
+  child.stdout!.resume();
   const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
   let err = "";
   return new Promise((resolve, reject) => {
