@@ -50,21 +50,23 @@ export interface ContextOptions {
   readonly metrics: Metrics;
 }
 
-/**
- * The context maker of a function set: `context(fn, trigger)` is the `ctx` of one run, sharing
- * what does not change between runs of `fn` (handles, metrics, the parsed config). `ctx.log`
- * names the function and the trigger; its child logger is made only when a run logs. Declaring a
- * function's metrics happens at its first context: {@link ContextOptions.metrics} throws when a
- * name is taken.
- */
-export function contexts({
-  nc,
-  config,
-  log,
-  clock,
-  storage,
-  metrics,
-}: ContextOptions): (fn: LoadedFunction, trigger: TriggerInfo) => AnyContext {
+/** The contexts of a function set. */
+export interface Contexts {
+  /**
+   * The `ctx` of one run of `fn`, sharing what does not change between its runs (handles,
+   * metrics, the parsed config). `ctx.log` names the function and the trigger; its child logger
+   * is made only when a run logs.
+   */
+  of(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
+  /**
+   * Makes what `fn`'s runs share now, its metrics declared among them (on `GET /metrics` before
+   * a first run); done at the first run otherwise. Throws when a metric's name is taken.
+   */
+  prepare(fn: LoadedFunction): void;
+}
+
+/** The context maker of a function set, over its storage and metrics registry. */
+export function contexts({ nc, config, log, clock, storage, metrics }: ContextOptions): Contexts {
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
   const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
@@ -91,7 +93,7 @@ export function contexts({
         metrics.registry,
         name,
         declaration as MetricDeclaration<unknown>,
-        collect && (async () => collect(context(fn, { kind: "scrape" }))),
+        collect && (async () => collect(of(fn, { kind: "scrape" }))),
         fnLog,
       );
     }
@@ -118,7 +120,7 @@ export function contexts({
     return shared;
   };
 
-  const context = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => {
+  const of = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => {
     const shared = prepared(fn);
     let runLog: Logger | undefined;
     return {
@@ -129,5 +131,5 @@ export function contexts({
       },
     };
   };
-  return context;
+  return { of, prepare: (fn) => void prepared(fn) };
 }

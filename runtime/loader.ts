@@ -64,9 +64,7 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   }
   const definition = module.default as FunctionDefinition;
   const input = definition.input ?? z.strictObject({});
-  const problems = definition.triggers.flatMap((trigger, i) =>
-    said(file, i, kindOf(trigger)!.checkFile?.(trigger as never, { input }) ?? []),
-  );
+  const problems = definition.triggers.flatMap((trigger, i) => said(file, i, kindOf(trigger)!.checkFile?.(trigger, { input }) ?? []));
   if (problems.length > 0) throw new LoadError(problems);
   return { name, file, definition, description: definition.description, output: definition.output, triggers: definition.triggers, input };
 }
@@ -87,7 +85,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   const bound = new Map<string, string[]>();
   for (const fn of functions) {
     for (const trigger of fn.definition.triggers) {
-      const key = kindOf(trigger)!.exclusive?.(trigger as never);
+      const key = kindOf(trigger)!.exclusive?.(trigger);
       if (key !== undefined) bound.set(key, [...(bound.get(key) ?? []), shown(fn.file)]);
     }
   }
@@ -107,7 +105,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
 
   for (const fn of functions) {
     fn.definition.triggers.forEach((trigger, i) =>
-      problems.push(...said(fn.file, i, kindOf(trigger)!.checkConfig?.(trigger as never, config) ?? [])),
+      problems.push(...said(fn.file, i, kindOf(trigger)!.checkConfig?.(trigger, config) ?? [])),
     );
   }
 

@@ -8,7 +8,7 @@ import type { LoadedFunction } from "./define.ts";
 import { claimsBucket, recordsBucket } from "./records.ts";
 import { KINDS } from "./triggers/index.ts";
 import { targetsOf } from "./triggers/kind.ts";
-import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions } from "./users.ts";
+import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions, type Role } from "./users.ts";
 
 const kvStream = (bucket: string) => `KV_${bucket}`;
 
@@ -17,7 +17,7 @@ const kvStream = (bucket: string) => `KV_${bucket}`;
  * consumers of keys and watch (created on the unscoped `CONSUMER.CREATE.KV_<b>`, so a reader
  * cannot be narrowed to a key prefix), their deletion and flow control.
  */
-function readsBucket(bucket: string, role: "seat" | "node" | "provider" = "seat"): string[] {
+function readsBucket(bucket: string, role: Role = "seat"): string[] {
   const s = kvStream(bucket);
   return [
     `$JS.API.STREAM.INFO.${s}`,

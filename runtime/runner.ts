@@ -78,10 +78,9 @@ export async function openRunner({ nc, config, log, clock = { now: () => new Dat
   );
   const { records } = storage;
   const metrics = createMetrics();
-  const context = contexts({ nc, config, log, clock, storage, metrics });
+  const { of: context, prepare } = contexts({ nc, config, log, clock, storage, metrics });
   for (const fn of functions) {
-    // A first context declares the function's metrics: on `GET /metrics` before its first run.
-    context(fn, { kind: "start" });
+    prepare(fn);
     // Counted from 0, so the series is on `GET /metrics` before any refusal.
     if (fn.triggers.some((t) => "event" in t)) metrics.refused.inc({ function: fn.name }, 0);
   }

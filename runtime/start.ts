@@ -165,6 +165,6 @@ export function describe(running: Running): string[] {
     `HTTP  ${running.httpUrl}`,
     `ready in ${running.readyMs} ms`,
     "functions:",
-    ...running.functions.map((fn) => `  ${fn.name.padEnd(width)}  ${fn.triggers.map((t) => kindOf(t)!.describe(t as never)).join(", ")}`),
+    ...running.functions.map((fn) => `  ${fn.name.padEnd(width)}  ${fn.triggers.map((t) => kindOf(t)!.describe(t)).join(", ")}`),
   ];
 }
