@@ -7,7 +7,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { freePort, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
-import { authorizationBlock, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
+import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface ClusterOptions {
   /** The cluster's folder: `users.json`, and per server `<n>/` with its conf and store. */
@@ -72,7 +72,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const names = options.users.map((u) => u.user);
   const passwords = userPasswords(stateDir, names);
-  const authorization = authorizationBlock(options.users, passwords);
+  const accounts = accountsOf(options.users, (user) => passwords[user]!);
   const ports = await Promise.all(
     Array.from({ length: size }, async () => ({ client: await freePort(), route: await freePort(), monitor: await freePort() })),
   );
@@ -88,7 +88,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       cluster: { name, host: "127.0.0.1", port: port.route, routes },
       http: `127.0.0.1:${port.monitor}`,
       ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
-      authorization,
+      accounts,
     };
     let running: RunningNatsServer | undefined;
     const server: ClusterServer = {

@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
-import { authorizationBlock, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
+import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface EmbeddedOptions {
   /** The state folder: holds the store (`jetstream/`), `users.json`, the server's conf and pid. */
@@ -92,7 +92,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     server_name: `${seat}-embedded`,
     jetstream: { store_dir: join(stateDir, "jetstream") },
     ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
-    authorization: authorizationBlock(options.users, passwords),
+    accounts: accountsOf(options.users, (user) => passwords[user]!),
   };
   const server = await spawnNatsServer({ conf, confFile: join(stateDir, "nats-server.conf"), port: options.port });
   const marker: Marker = { url: server.url, pid: server.pid, owner: process.pid };

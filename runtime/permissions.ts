@@ -8,16 +8,18 @@ import type { LoadedFunction } from "./define.ts";
 import { claimsBucket, recordsBucket } from "./records.ts";
 import { KINDS } from "./triggers/index.ts";
 import { targetsOf } from "./triggers/kind.ts";
-import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions, type Role } from "./users.ts";
+import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions } from "./users.ts";
 
 const kvStream = (bucket: string) => `KV_${bucket}`;
 
 /**
  * Publish subjects that read all of a bucket with nats.js 2.x: direct get, and the ordered
  * consumers of keys and watch (created on the unscoped `CONSUMER.CREATE.KV_<b>`, so a reader
- * cannot be narrowed to a key prefix), their deletion and flow control.
+ * cannot be narrowed to a key prefix), their deletion and flow control. The seat's alone: a
+ * consumer made by another account's request would deliver, in the seat's account, to a subject
+ * of the requester's choosing.
  */
-function readsBucket(bucket: string, role: Role = "seat"): string[] {
+function readsBucket(bucket: string): string[] {
   const s = kvStream(bucket);
   return [
     `$JS.API.STREAM.INFO.${s}`,
@@ -26,10 +28,19 @@ function readsBucket(bucket: string, role: Role = "seat"): string[] {
     `$JS.API.STREAM.MSG.GET.${s}`,
     `$JS.API.CONSUMER.CREATE.${s}`,
     `$JS.API.CONSUMER.CREATE.${s}.>`,
-    // Deletion only for the seat: with it a node could delete another reader's consumer by name.
-    ...(role === "seat" ? [`$JS.API.CONSUMER.DELETE.${s}.>`] : []),
+    `$JS.API.CONSUMER.DELETE.${s}.>`,
     `$JS.FC.${s}.>`,
   ];
+}
+
+/**
+ * What another account imports to read all of a bucket: its stream's info (what nats.js's and
+ * nats.go's key-value API ask for when opening it) and gets by key or sequence (direct, and from
+ * the leader of a replicated stream). No consumer: the whole bucket is read through the verbs.
+ */
+function getsOf(bucket: string): string[] {
+  const s = kvStream(bucket);
+  return [`$JS.API.STREAM.INFO.${s}`, `$JS.API.DIRECT.GET.${s}`, `$JS.API.DIRECT.GET.${s}.>`, `$JS.API.STREAM.MSG.GET.${s}`];
 }
 
 const unique = (subjects: readonly string[]) => [...new Set(subjects)];
@@ -75,10 +86,13 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
         ...[...written.map(bucketOf), runtime, claims].map((b) => `$KV.${b}.>`),
         ...kinds.flatMap((k) => k.publish),
         ...functions.flatMap((fn) => fn.definition.access?.publishes ?? []),
-        // Replies to its verbs' requesters (the runtime answers no other reply subject), instead
-        // of `allow_responses`, with which nats-server 2.9 tracks the reply subject of every
-        // JetStream message it delivers: reads of a large bucket then go ten times slower.
+        // Replies to its verbs' requesters (the runtime answers no other reply subject): inboxes of
+        // its own account, and `_R_.` subjects, the server's mapping of a reply through another
+        // account's import. Not `allow_responses`, with which nats-server 2.9 tracks the reply
+        // subject of every JetStream message it delivers: reads of a large bucket then go ten
+        // times slower.
         "_INBOX.>",
+        "_R_.>",
       ]),
     },
     subscribe: { allow: unique([`${inboxOf(config.seat)}.>`, ...kinds.flatMap((k) => k.subscribe)]) },
@@ -86,9 +100,12 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
 }
 
 /**
- * A node client's permissions (docs/buckets.md §2): write its own `<node>.>` keys of the node-written
- * buckets and read them back, read the buckets read by nodes (the registry), ask the seat's
- * verbs, receive replies on its own `_INBOX.<node>.>`. It cannot touch another node's keys nor write a seat bucket.
+ * A node client's permissions, in its own account (docs/buckets.md §2, docs/runtime.md §6.7):
+ * write its own `<node>.>` keys of the node-written buckets, get them back, and open those
+ * buckets (their stream's info); get keys of the buckets read by nodes (the registry); ask the
+ * seat's verbs; receive replies on its own `_INBOX.<node>.>`. Every subject it publishes is one
+ * its account imports from the seat's: it cannot touch another node's keys, write a seat bucket,
+ * or make a consumer.
  */
 export function nodePermissions(node: string, config: Config, functions: readonly LoadedFunction[]): Permissions {
   const own = Object.values(config.buckets).filter((b) => b.writtenBy === "nodes");
@@ -96,12 +113,14 @@ export function nodePermissions(node: string, config: Config, functions: readonl
     publish: {
       allow: unique([
         "$JS.API.INFO",
-        // No STREAM.INFO of these: its `subjects_filter` would list other nodes' keys. A client
-        // opens them with `{ bindOnly: true, allow_direct: true }`.
-        ...own.flatMap(({ bucket }) => [`$KV.${bucket}.${node}.>`, `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`]),
+        ...own.flatMap(({ bucket }) => [
+          `$KV.${bucket}.${node}.>`,
+          `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`,
+          `$JS.API.STREAM.INFO.${kvStream(bucket)}`,
+        ]),
         ...Object.values(config.buckets)
           .filter((b) => b.readBy.includes("nodes"))
-          .flatMap(({ bucket }) => readsBucket(bucket, "node")),
+          .flatMap(({ bucket }) => getsOf(bucket)),
         ...verbSubjects(functions),
       ]),
     },
@@ -110,10 +129,11 @@ export function nodePermissions(node: string, config: Config, functions: readonl
 }
 
 /**
- * A provider's permissions (docs/mesh.md §1, docs/failing.md §5): publish the config's `providers.publish` subjects for
- * itself (`{provider}` replaced by its name), read the buckets read by providers (the needs)
- * without writing them, ask the seat's verbs, receive replies on its own `_INBOX.<provider>.>`
- * (a JetStream publish's acknowledgement among them).
+ * A provider's permissions, in its own account (docs/mesh.md §1, docs/failing.md §5): publish
+ * the config's `providers.publish` subjects for itself (`{provider}` replaced by its name), get
+ * keys of the buckets read by providers (the needs) without writing them, ask the seat's verbs,
+ * receive replies on its own `_INBOX.<provider>.>` (a JetStream publish's acknowledgement among
+ * them). Every subject it publishes is one its account imports from the seat's.
  */
 export function providerPermissions(provider: string, config: Config, functions: readonly LoadedFunction[]): Permissions {
   return {
@@ -123,13 +143,21 @@ export function providerPermissions(provider: string, config: Config, functions:
         ...config.providers.publish.map((subject) => subject.replaceAll("{provider}", provider)),
         ...Object.values(config.buckets)
           .filter((b) => b.readBy.includes("providers"))
-          .flatMap(({ bucket }) => readsBucket(bucket, "provider")),
+          .flatMap(({ bucket }) => getsOf(bucket)),
         ...verbSubjects(functions),
       ]),
     },
     subscribe: { allow: [`${inboxOf(provider)}.>`] },
   };
 }
+
+/** A node's or provider's user: its account imports from the seat's every subject it may publish. */
+const imported = (role: "node" | "provider", user: string, permissions: Permissions): AuthorizedUser => ({
+  role,
+  user,
+  permissions,
+  imports: permissions.publish.allow,
+});
 
 /**
  * The users of a bus for the function set: the seat, each node and each provider named, with
@@ -143,7 +171,7 @@ export function authorization(
   checkUserNames([config.seat, ...names.nodes, ...names.providers]);
   return [
     { role: "seat", user: config.seat, permissions: seatPermissions(config, functions) },
-    ...names.nodes.map((node) => ({ role: "node" as const, user: node, permissions: nodePermissions(node, config, functions) })),
-    ...names.providers.map((p) => ({ role: "provider" as const, user: p, permissions: providerPermissions(p, config, functions) })),
+    ...names.nodes.map((node) => imported("node", node, nodePermissions(node, config, functions))),
+    ...names.providers.map((p) => imported("provider", p, providerPermissions(p, config, functions))),
   ];
 }

@@ -21,11 +21,23 @@ export interface Permissions {
 /** The three roles of the mesh's bus as this function set sees them (docs/mesh.md §1, docs/buckets.md §2). */
 export type Role = "seat" | "node" | "provider";
 
-/** A user of nats-server's `authorization.users`: credentials are added by whoever writes the conf. */
+/**
+ * A user of the bus and its account (docs/runtime.md §6.7): users of the role `seat` share the
+ * seat's account, which holds JetStream (the buckets and streams); every node and provider has
+ * an account of its own, reaching the seat's only through `imports`. Credentials are added by
+ * whoever writes the conf.
+ */
 export interface AuthorizedUser {
   readonly role: Role;
   readonly user: string;
   readonly permissions: Permissions;
+  /**
+   * The subjects this user's account imports as services from the seat's account (a node's own
+   * keys, the reads and verbs it may ask); none for the seat's account. A reply the server makes
+   * to a request through an import comes back into the importer's account, where no stream
+   * captures it: no reply subject can make the server write into a bucket or the events stream.
+   */
+  readonly imports?: readonly string[];
 }
 
 /** A user and its password, on the embedded server or a local cluster. */
@@ -71,39 +83,101 @@ export function userPasswords(stateDir: string, names: readonly string[]): Recor
   return all;
 }
 
-/** nats-server's `authorization` block as a conf object: each user with its password and permissions. */
-export function authorizationBlock(users: readonly AuthorizedUser[], passwords: Readonly<Record<string, string>>) {
-  return { users: users.map(({ user, permissions }) => ({ user, password: passwords[user], permissions })) };
+/** An account of nats-server's `accounts` block. */
+export interface AccountConf {
+  readonly jetstream?: "enabled";
+  readonly users: readonly { readonly user: string; readonly password: string; readonly permissions: Permissions }[];
+  readonly exports?: readonly { readonly service: string; readonly accounts: readonly string[] }[];
+  readonly imports?: readonly { readonly service: { readonly account: string; readonly subject: string } }[];
+}
+
+/**
+ * The accounts of `users` (docs/runtime.md §6.7), with `password(user)` for each: the seat's
+ * account, named after the first user of the role `seat`, with JetStream, every seat-role user
+ * and an export of each subject another account imports (to those accounts only); then one
+ * account per node or provider, named after it, holding that user and its imports. Throws
+ * when no user has the role `seat`.
+ */
+export function accountsOf(users: readonly AuthorizedUser[], password: (user: string) => string): Record<string, AccountConf> {
+  const seats = users.filter((u) => u.role === "seat");
+  const home = seats[0]?.user;
+  if (home === undefined) throw new Error("the users of a bus need the seat: no user has the role seat");
+  const importers = new Map<string, string[]>();
+  for (const { user, imports = [] } of users.filter((u) => u.role !== "seat")) {
+    for (const subject of imports) importers.set(subject, [...(importers.get(subject) ?? []), user]);
+  }
+  const entry = ({ user, permissions }: AuthorizedUser) => ({ user, password: password(user), permissions });
+  return {
+    [home]: {
+      jetstream: "enabled",
+      users: seats.map(entry),
+      exports: [...importers].map(([service, accounts]) => ({ service, accounts })),
+    },
+    ...Object.fromEntries(
+      users
+        .filter((u) => u.role !== "seat")
+        .map((u) => [
+          u.user,
+          { users: [entry(u)], imports: (u.imports ?? []).map((subject) => ({ service: { account: home, subject } })) },
+        ]),
+    ),
+  };
 }
 
 const quote = (text: string) => JSON.stringify(text);
 
+/** A user's password variable in a printed conf: `$<USER>_PASSWORD`, upper case, other characters `_`. */
+const variable = (user: string) => `$${user.toUpperCase().replace(/[^A-Z0-9]/g, "_")}_PASSWORD`;
+
 /**
- * The users in nats-server's configuration syntax: an `authorization { users = [...] }` block,
+ * The users in nats-server's configuration syntax: an `accounts { … }` block ({@link accountsOf}),
  * each user with `password: $<VARIABLE>` (a variable of the conf or the environment, named after
  * the user) for the operator to define, and a comment saying its role. Throws when two users
  * would share a variable.
  */
 export function toConf(users: readonly AuthorizedUser[]): string {
-  const list = (subjects: readonly string[], indent: string) =>
-    `[\n${subjects.map((s) => `${indent}  ${quote(s)}`).join("\n")}\n${indent}]`;
-  const variable = (user: string) => `$${user.toUpperCase().replace(/[^A-Z0-9]/g, "_")}_PASSWORD`;
   const clash = users.find((u, i) => users.findIndex((v) => variable(v.user) === variable(u.user)) !== i);
   if (clash !== undefined) {
     throw new Error(`two users would share the password variable ${variable(clash.user)}: rename one of them`);
   }
-  const blocks = users.map(({ role, user, permissions }) =>
-    [
-      `    # ${role}`,
-      `    {`,
-      `      user: ${quote(user)}`,
-      `      password: ${variable(user)}`,
-      `      permissions: {`,
-      `        publish: { allow: ${list(permissions.publish.allow, "        ")} }`,
-      `        subscribe: { allow: ${list(permissions.subscribe.allow, "        ")} }`,
-      `      }`,
-      `    }`,
-    ].join("\n"),
-  );
-  return `authorization {\n  users = [\n${blocks.join("\n")}\n  ]\n}\n`;
+  const list = (items: readonly string[], indent: string) => `[\n${items.map((s) => `${indent}  ${s}`).join("\n")}\n${indent}]`;
+  const roleOf = (user: string) => users.find((u) => u.user === user)!.role;
+  const blocks = Object.entries(accountsOf(users, variable)).map(([name, account]) => {
+    const userLines = account.users.map(({ user, password, permissions }) =>
+      [
+        `{`,
+        `        user: ${quote(user)}`,
+        `        password: ${password}`,
+        `        permissions: {`,
+        `          publish: { allow: ${list(permissions.publish.allow.map(quote), "          ")} }`,
+        `          subscribe: { allow: ${list(permissions.subscribe.allow.map(quote), "          ")} }`,
+        `        }`,
+        `      }`,
+      ].join("\n"),
+    );
+    return [
+      `  # ${account.jetstream ? "the seat's account: JetStream, its buckets and streams" : roleOf(account.users[0]!.user)}`,
+      `  ${quote(name)}: {`,
+      ...(account.jetstream ? [`    jetstream: enabled`] : []),
+      `    users: ${list(userLines, "    ")}`,
+      ...(account.exports && account.exports.length > 0
+        ? [
+            `    exports: ${list(
+              account.exports.map((e) => `{ service: ${quote(e.service)}, accounts: [${e.accounts.map(quote).join(", ")}] }`),
+              "    ",
+            )}`,
+          ]
+        : []),
+      ...(account.imports && account.imports.length > 0
+        ? [
+            `    imports: ${list(
+              account.imports.map((i) => `{ service: { account: ${quote(i.service.account)}, subject: ${quote(i.service.subject)} } }`),
+              "    ",
+            )}`,
+          ]
+        : []),
+      `  }`,
+    ].join("\n");
+  });
+  return `accounts {\n${blocks.join("\n")}\n}\n`;
 }

@@ -130,9 +130,10 @@ export const subject: TriggerKind<"subject", SubjectTrigger, SubjectInfo> = {
         metadata: endpointMetadata(fn),
         handler: (err, msg) => {
           if (err) return env.log.error({ function: fn.name, err }, "endpoint stopped");
-          // An answer goes to an inbox only: a reply subject such as `$KV.<bucket>.<key>` would
-          // have the seat write, with its own rights, what the requester may not.
-          if (!msg.reply?.startsWith("_INBOX.")) {
+          // An answer goes to an inbox only, or back through another account's import (`_R_.`,
+          // the server's mapping): a reply subject such as `$KV.<bucket>.<key>` would have the
+          // seat write, with its own rights, what the requester may not.
+          if (!msg.reply?.startsWith("_INBOX.") && !msg.reply?.startsWith("_R_.")) {
             return env.log.warn(
               { function: fn.name, subject: msg.subject, reply: msg.reply?.slice(0, 200) },
               "request not answered: its reply subject is not an inbox",

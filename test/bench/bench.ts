@@ -124,7 +124,7 @@ async function main() {
   const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
   // The bench's own client writes every node's keys and answers echo: any subject.
   const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
-  server = await startEmbedded({ stateDir: dir, users: [...users, { role: "node", user: "bench", permissions: wide }] });
+  server = await startEmbedded({ stateDir: dir, users: [...users, { role: "seat", user: "bench", permissions: wide }] });
   const natsVersion =
     (await (async () => {
       const probe = await connect({ servers: server!.url, user: "bench", pass: server!.users.bench!.password });
