@@ -3,7 +3,7 @@
  * given, found again by the CLI from another process through `<stateDir>/embedded.json`, and a
  * server left by a killed process stopped at the next start (docs/runtime.md §6.7).
  */
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
@@ -72,6 +72,19 @@ async function clearStale(markerFile: string): Promise<void> {
 }
 
 /**
+ * Moves the streams an earlier version kept in the server's global account (`$G`, every user in
+ * one account) into the seat's account, where this version keeps them (docs/runtime.md §6.7), so
+ * the buckets written before an upgrade are read after it. Only when the seat's account has no
+ * store of its own yet; nothing is removed.
+ */
+function adoptGlobalStore(storeDir: string, seatAccount: string): void {
+  const accounts = join(storeDir, "jetstream");
+  const global = join(accounts, "$G");
+  const own = join(accounts, seatAccount);
+  if (existsSync(global) && !existsSync(own)) renameSync(global, own);
+}
+
+/**
  * Starts the embedded `nats-server` of a state folder: JetStream with its store in
  * `<stateDir>/jetstream`, on a free loopback port, with the users given and their permissions
  * (passwords generated once into `<stateDir>/users.json`, mode 0600). Records itself in
@@ -88,6 +101,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
   const markerFile = join(stateDir, "embedded.json");
   await clearStale(markerFile);
   const passwords = userPasswords(stateDir, names);
+  adoptGlobalStore(join(stateDir, "jetstream"), seat);
   const conf = {
     server_name: `${seat}-embedded`,
     jetstream: { store_dir: join(stateDir, "jetstream") },

@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AckPolicy, connect, DeliverPolicy, type NatsConnection } from "nats";
@@ -273,4 +273,42 @@ describe("a Go node client (nats.go's standard key-value API)", () => {
     },
     180_000,
   );
+});
+
+describe("an embedded store of an earlier version, every user in one account", () => {
+  it("is read by the seat's account after the upgrade: the buckets keep what was written", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-upgrade-"));
+    try {
+      // As earlier versions ran it: users in the global account, the store in <state>/jetstream.
+      const before = await spawnNatsServer({
+        conf: { jetstream: { store_dir: join(dir, "jetstream") }, authorization: { users: [{ user: "old", password: "old-pw" }] } },
+        confFile: join(dir, "old.conf"),
+      });
+      const old = await connect({ servers: before.url, user: "old", pass: "old-pw" });
+      const kept = await old.jetstream().views.kv(NEEDS, { history: 1 });
+      await kept.put("birch.gitea.config.app_name", '"written before the upgrade"');
+      await old.close();
+      await before.stop();
+
+      const config = await projectConfig();
+      const set = await start({ config: { ...config, state: dir, http: { host: "127.0.0.1", port: 0 } } });
+      try {
+        const birch = await connect({
+          servers: set.natsUrl,
+          user: "birch",
+          pass: (JSON.parse(readFileSync(join(dir, "users.json"), "utf8")) as Record<string, string>).birch,
+          inboxPrefix: "_INBOX.birch",
+        });
+        const answer = await request(birch, VERB, { what: "needs", node: "birch" });
+        expect(answer.body.entries.map((e: { key: string; value: unknown }) => [e.key, e.value])).toEqual([
+          ["birch.gitea.config.app_name", "written before the upgrade"],
+        ]);
+        await birch.close();
+      } finally {
+        await set.stop();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
