@@ -6,8 +6,7 @@
  */
 import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type JetStreamManager, type KV, type NatsConnection } from "nats";
 import type { Logger } from "pino";
-import type { BucketConfig, Config } from "./config.ts";
-import { CLAIM_DAYS, claimsBucket, recordsBucket } from "./records.ts";
+import { CLAIM_DAYS, claimsBucket, recordsBucket, type BucketConfig, type Config } from "./config.ts";
 
 /** The runtime's own buckets among the opened ones; no config name can be these. */
 export const RECORDS = "<runtime>";

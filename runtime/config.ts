@@ -124,6 +124,12 @@ export const configSchema = z.looseObject({
     .default({ nodes: [], providers: [] }),
 });
 
+/** The runtime's own bucket of a seat: its records, shared by every replica of the set (docs/buckets.md §2.5). */
+export const recordsBucket = (seat: string): string => `${seat}_runtime`;
+/** The runtime's bucket of claimed scheduled runs (`<function>.<scheduled time, ms>`), kept {@link CLAIM_DAYS} days. */
+export const claimsBucket = (seat: string): string => `${seat}_claims`;
+export const CLAIM_DAYS = 1;
+
 /** What `wrangler-free.config.ts` may hold (fields with defaults may be left out). */
 export type ConfigInput = z.input<typeof configSchema>;
 /** A validated config, with env overrides applied and `root` the config file's folder. */
@@ -170,6 +176,23 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   if (!vars.success) throw new ConfigError(`environment: ${formatIssues(vars.error.issues)}`);
   const e = vars.data;
   const config = parsed.data;
+  // One bucket under two names would mix what each name's functions read and write.
+  const named = [
+    ...Object.entries(config.buckets).map(([key, b]) => [`buckets.${key}`, b.bucket] as const),
+    ["the runtime's records", recordsBucket(config.seat)] as const,
+    ["the runtime's claims", claimsBucket(config.seat)] as const,
+  ];
+  const shared = named.filter(([, bucket], i) => named.findIndex(([, other]) => other === bucket) !== i);
+  if (shared.length > 0) {
+    const said = [...new Set(shared.map(([, bucket]) => bucket))].map(
+      (bucket) =>
+        `bucket ${bucket} is named by ${named
+          .filter(([, b]) => b === bucket)
+          .map(([name]) => name)
+          .join(" and ")}`,
+    );
+    throw new ConfigError(`${shown}: ${said.join("; ")}: each bucket has one name`);
+  }
   const servers = e.NATS_URL?.split(",")
     .map((s) => s.trim())
     .filter((s) => s !== "");

@@ -70,7 +70,12 @@ export function contexts({ nc, config, log, clock, storage, metrics }: ContextOp
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
   const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
-  const limits = Object.freeze({ maxPayload: nc.info?.max_payload ?? 1024 * 1024 });
+  // Read at each use: a server the connection moves to, or one restarted, may have another.
+  const limits = Object.freeze({
+    get maxPayload() {
+      return nc.info?.max_payload ?? 1024 * 1024;
+    },
+  });
 
   const prepared = (fn: LoadedFunction): Shared => {
     let shared = perFunction.get(fn);

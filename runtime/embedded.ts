@@ -6,7 +6,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
+import { freePortPreferring, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
 import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface EmbeddedOptions {
@@ -16,7 +16,7 @@ export interface EmbeddedOptions {
   readonly users: readonly AuthorizedUser[];
   /** The server's `max_payload` in bytes (nats-server's default is 1 MiB). */
   readonly maxPayload?: number;
-  /** The loopback port to listen on; a free one when absent. */
+  /** The loopback port to listen on; when absent, the last start's if it is free, else a free one. */
   readonly port?: number;
 }
 
@@ -71,6 +71,16 @@ async function clearStale(markerFile: string): Promise<void> {
   rmSync(markerFile, { force: true });
 }
 
+/** The port the server of the state folder listened on last (its conf, written at each start); none when unknown. */
+function lastPort(confFile: string): number | undefined {
+  try {
+    const { port } = JSON.parse(readFileSync(confFile, "utf8")) as { port?: unknown };
+    return typeof port === "number" ? port : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Moves the streams an earlier version kept in the server's global account (`$G`, every user in
  * one account) into the seat's account, where this version keeps them (docs/runtime.md §6.7), so
@@ -108,7 +118,10 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
     accounts: accountsOf(options.users, (user) => passwords[user]!),
   };
-  const server = await spawnNatsServer({ conf, confFile: join(stateDir, "nats-server.conf"), port: options.port });
+  const confFile = join(stateDir, "nats-server.conf");
+  // The port of the last start when it is free: clients connected to it find the server again after a crash.
+  const port = options.port ?? (await freePortPreferring(lastPort(confFile)));
+  const server = await spawnNatsServer({ conf, confFile, port });
   const marker: Marker = { url: server.url, pid: server.pid, owner: process.pid };
   writeFileSync(markerFile, JSON.stringify(marker), { mode: 0o600 });
   const credentials = (user: string): Credentials => ({ user, password: passwords[user]! });

@@ -41,15 +41,29 @@ export function findNatsServer(env: NodeJS.ProcessEnv = process.env, sbin: reado
 
 /** A loopback port nothing listens on right now. */
 export function freePort(): Promise<number> {
+  return portFree(0);
+}
+
+/** `port` on 127.0.0.1 when nothing listens there now (0: any free one); rejects when it is taken. */
+function portFree(port: number): Promise<number> {
   return new Promise((resolve, reject) => {
     const probe = createServer();
     probe.unref();
     probe.on("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
+    probe.listen(port, "127.0.0.1", () => {
       const { port } = probe.address() as { port: number };
       probe.close(() => resolve(port));
     });
   });
+}
+
+/** `preferred` when it is free on 127.0.0.1, else a free port. */
+export async function freePortPreferring(preferred: number | undefined): Promise<number> {
+  if (preferred !== undefined && preferred > 0) {
+    const kept = await portFree(preferred).catch(() => undefined);
+    if (kept !== undefined) return kept;
+  }
+  return freePort();
 }
 
 /** A `nats-server` child of this process. */

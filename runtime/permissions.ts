@@ -3,9 +3,8 @@
  * and from each trigger kind's needs: the seat's, each node's and each provider's permissions
  * (nats-server 2.9 semantics), and the list of users with them (docs/runtime.md §6.7).
  */
-import type { Config } from "./config.ts";
 import type { LoadedFunction } from "./define.ts";
-import { claimsBucket, recordsBucket } from "./records.ts";
+import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { KINDS } from "./triggers/index.ts";
 import { targetsOf } from "./triggers/kind.ts";
 import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions } from "./users.ts";

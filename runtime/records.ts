@@ -8,12 +8,6 @@ import { RevisionConflict } from "./errors.ts";
 import { keyedSerial } from "./serial.ts";
 import type { RefusedEvents, Run, RuntimeRecords, WriteBucket } from "./types.ts";
 
-/** The runtime's own bucket of a seat: its records, shared by every replica of the set. */
-export const recordsBucket = (seat: string): string => `${seat}_runtime`;
-/** The runtime's bucket of claimed scheduled runs (`<function>.<scheduled time, ms>`), kept {@link CLAIM_DAYS} days. */
-export const claimsBucket = (seat: string): string => `${seat}_claims`;
-export const CLAIM_DAYS = 1;
-
 /** The runtime's side of its records: what it writes, besides what functions read. */
 export interface Recorder extends RuntimeRecords {
   /** Records a successful scheduled run of `fn` (key `ran.<fn>`). */

@@ -7,8 +7,8 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
 import { readBucket, writeBucket } from "./buckets.ts";
-import type { Config } from "./config.ts";
-import { claimsBucket, recordsBucket, recorder, type Recorder } from "./records.ts";
+import { claimsBucket, recordsBucket, type Config } from "./config.ts";
+import { recorder, type Recorder } from "./records.ts";
 import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
 import { openView, type LiveView } from "./views/index.ts";
 

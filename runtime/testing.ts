@@ -27,8 +27,8 @@ export interface TestBus {
   connect(user?: string): Promise<NatsConnection>;
   /** A bucket of the config (by its config name) opened as the seat or another user, never created. */
   kv(bucket: string, user?: string): Promise<KV>;
-  /** Kills the server (SIGKILL) and starts it again on the same port and store. */
-  restart(): Promise<void>;
+  /** Kills the server (SIGKILL) and starts it again on the same port and store; with another `max_payload` when given. */
+  restart(options?: { readonly maxPayload?: number }): Promise<void>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -93,10 +93,10 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
       const name = config.buckets[bucket]?.bucket ?? bucket;
       return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
     },
-    restart: async () => {
+    restart: async ({ maxPayload = embedded.maxPayload } = {}) => {
       process.kill(server.pid, "SIGKILL");
       await server.stop();
-      server = await startEmbedded({ ...embedded, port: server.port });
+      server = await startEmbedded({ ...embedded, maxPayload, port: server.port });
     },
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));

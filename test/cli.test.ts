@@ -261,6 +261,9 @@ export default defineFunction({
     const third = await startCli(config);
     children.push(third.child);
     expect(alive(orphan)).toBe(false);
+    // Back on the same port: clients connected to the killed one's URL find it again.
+    const url = (banner: string) => /^NATS {2}(\S+)/m.exec(banner)?.[1];
+    expect(url(third.banner)).toBe(url(first.banner));
     third.child.kill("SIGHUP");
     expect(await third.exited).toBe(0);
   });

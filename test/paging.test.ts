@@ -2,7 +2,7 @@ import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { request, startSet, testBus } from "./helpers.ts";
+import { request, startSet, testBus, until } from "./helpers.ts";
 
 const KEYS = 20_000;
 const MAX_PAYLOAD = 256 * 1024;
@@ -60,5 +60,17 @@ describe(`a needs bucket of ${KEYS} keys`, () => {
     const reply = await request(client, "mesh-provisioner.provisioning", { what: "needs", node: "alder", module: "m7" });
     expect(reply.body.entries).toHaveLength(KEYS / 40);
     expect(reply.body.entries.every((e: { module: string }) => e.module === "m7")).toBe(true);
+  });
+
+  it("sizes its pages to a smaller max_payload after reconnecting to a server that has one", async () => {
+    const SMALLER = 64 * 1024;
+    await bus.restart({ maxPayload: SMALLER });
+    await until(() => set.runner.nc.info?.max_payload === SMALLER && client.info?.max_payload === SMALLER, 20_000, "both reconnected");
+    await until(async () => (await fetch(`${set.httpUrl}/readyz`)).status === 200, 20_000, "ready again");
+    const pages = await allPages({ limit: 10_000 });
+    for (const page of pages) expect(page.bytes).toBeLessThanOrEqual(SMALLER);
+    expect(new Set(pages.flatMap((p) => p.keys)).size).toBe(KEYS);
+    const status = await request(client, "mesh-provisioner.status", {});
+    expect(status.errorCode).toBeUndefined();
   });
 });

@@ -459,6 +459,18 @@ describe("the config", () => {
     expect(refusal(base, { HTTP_PORT: "eighty" })).toContain("environment: HTTP_PORT: ");
   });
 
+  it("refuses two names of one bucket, the runtime's own buckets included", () => {
+    expect(
+      refusal({
+        ...base,
+        buckets: { failing: { bucket: "shared", writtenBy: "seat" }, collect: { bucket: "shared", writtenBy: "nodes" } },
+      }),
+    ).toBe("wrangler-free.config.ts: bucket shared is named by buckets.failing and buckets.collect: each bucket has one name");
+    expect(refusal({ ...base, seat: "s", buckets: { failing: { bucket: "s_runtime", writtenBy: "seat" } } })).toBe(
+      "wrangler-free.config.ts: bucket s_runtime is named by buckets.failing and the runtime's records: each bucket has one name",
+    );
+  });
+
   it("takes replicas from the config, a bucket's or stream's own, or NATS_REPLICAS", () => {
     const config = resolveConfig({ ...base, buckets: { b: { bucket: "b", writtenBy: "seat", replicas: 5 } } }, FILE, {
       NATS_REPLICAS: "3",
