@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createConnection } from "node:net";
 import { join, relative } from "node:path";
@@ -16,7 +17,7 @@ import {
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, request, ROOT, testBus } from "./helpers.ts";
+import { projectConfig, request, ROOT, testBus, until } from "./helpers.ts";
 
 const RUNTIME = join(ROOT, "runtime", "index.ts");
 const TMP = join(ROOT, ".tmp");
@@ -296,6 +297,55 @@ export default defineFunction({
     expect(new Set(runs).size).toBe(runs.length);
     expect(runs.every((at) => at % 1000 === 0)).toBe(true);
   });
+
+  it("never runs a scheduled time twice when a replica stalls (SIGSTOP) across its tick", async () => {
+    const dir = functionsFolder({
+      "ticks.ts": `${header}
+export default defineFunction({
+  description: "Says each run's scheduled time and when it ran, every second.",
+  triggers: [{ cron: "* * * * * *" }],
+  access: { publishes: ["probe.ticks"] },
+  handler: async (_input, ctx) => {
+    if (ctx.trigger.kind !== "cron") throw new Error("not cron");
+    ctx.publish("probe.ticks", JSON.stringify({ at: ctx.trigger.scheduledAt.getTime(), ranAt: Date.now(), pid: process.pid }));
+  },
+});
+`,
+    });
+    const config = configFor(dir);
+    const configFile = join(dir, "_config.ts");
+    const { root: _root, file: _file, ...raw } = config;
+    writeFileSync(configFile, `export default ${JSON.stringify(raw)};\n`);
+    const runs: { at: number; ranAt: number; pid: number }[] = [];
+    const sub = seat.subscribe("probe.ticks", { callback: (_err, msg) => runs.push(msg.json()) });
+    const inProcess = await start({ config });
+    const child = spawn("node", [join(ROOT, "bin", "mesh-provisioner.mjs"), "-c", configFile, "start"], {
+      cwd: ROOT,
+      env: { ...process.env, LOG_LEVEL: "silent" },
+      stdio: "ignore",
+    });
+    try {
+      await until(() => runs.some((r) => r.pid === child.pid), 30_000, "the child replica runs ticks");
+      for (let stall = 0; stall < 3; stall++) {
+        // Stopped 200 ms before a tick, for 800 ms: it wakes 600 ms after the tick it was due to run.
+        await new Promise((r) => setTimeout(r, 1000 - (Date.now() % 1000) + 800));
+        child.kill("SIGSTOP");
+        await new Promise((r) => setTimeout(r, 800));
+        child.kill("SIGCONT");
+        await new Promise((r) => setTimeout(r, 1200));
+      }
+    } finally {
+      child.kill("SIGTERM");
+      await new Promise((r) => child.once("exit", r));
+      await inProcess.stop();
+      sub.unsubscribe();
+    }
+    const times = runs.map((r) => r.at);
+    expect(runs.length).toBeGreaterThanOrEqual(6);
+    expect(new Set(times).size).toBe(times.length);
+    // Each run is named by the time it was due: never one that had not come yet.
+    expect(runs.filter((r) => r.ranAt < r.at)).toEqual([]);
+  }, 60_000);
 
   it("invokes one function on its own with the context the runtime builds", async () => {
     const config = { ...(await projectConfig()), ...bus.config };

@@ -1,38 +1,72 @@
 /**
- * The `{ cron, onStart? }` trigger kind: a cron schedule run by croner (5 fields, or 6 with
- * seconds), and once at start when `onStart`. Each scheduled time runs once across replicas:
- * the replica that claims it in `<seat>_claims` runs it (docs/runtime.md §6.3.3).
+ * The `{ cron, onStart?, timezone? }` trigger kind: a cron schedule run by croner (5 fields, or 6
+ * with seconds), in UTC unless the trigger names an IANA time zone, and once at start when
+ * `onStart`. Each scheduled time runs once across replicas: the replica that claims it in
+ * `<seat>_claims`, by the time it was scheduled for, runs it (docs/runtime.md §6.3.3).
  */
 import { Cron } from "croner";
 import { z } from "zod";
 import type { TriggerKind } from "./kind.ts";
 
-/** `{ cron, onStart? }`: a cron expression croner takes, and whether to run once at start too. */
-export type CronTrigger = { readonly cron: string; readonly onStart?: boolean };
+/**
+ * `{ cron, onStart?, timezone? }`: a cron expression croner takes, whether to run once at start
+ * too, and the IANA time zone its fields are read in (`UTC` when absent, whatever the machine's).
+ */
+export type CronTrigger = { readonly cron: string; readonly onStart?: boolean; readonly timezone?: string };
 /** What a scheduled run says of it: its schedule and the time it was scheduled for; or that it is the run at start. */
 export type CronInfo = { readonly kind: "cron"; readonly cron: string; readonly scheduledAt: Date } | { readonly kind: "start" };
+
+/** A time zone `Intl` knows (`UTC`, `Europe/Berlin`). */
+const timezone = z.string().refine((tz) => {
+  try {
+    new Intl.DateTimeFormat("en-US", { timeZone: tz });
+    return true;
+  } catch {
+    return false;
+  }
+}, "must be an IANA time zone, e.g. UTC or Europe/Berlin");
+
+/**
+ * The schedule of a trigger, paused: croner's job in the trigger's time zone (UTC by default),
+ * as the binding runs it. Throws what croner says of an expression it refuses.
+ */
+export function scheduleOf(trigger: CronTrigger): Cron {
+  return new Cron(trigger.cron, { paused: true, timezone: trigger.timezone ?? "UTC" });
+}
+
+/**
+ * The scheduled time a run that fires `now` is for: the latest time of `job`'s schedule at or
+ * before `now`, counted on from `from` (a time known to be scheduled, at or before it). A run
+ * that fires late (the process stalled, or the last run held it) is named by the time it was due,
+ * never by the next one, so two replicas never run one time under two names.
+ */
+export function dueAt(job: Cron, from: Date, now: Date): Date {
+  let at = from;
+  for (let next = job.nextRun(at); next !== null && next.getTime() <= now.getTime(); next = job.nextRun(at)) at = next;
+  return at;
+}
 
 export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
   key: "cron",
   shape: "{ cron, onStart? }",
-  schema: z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional() }),
+  schema: z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional(), timezone: timezone.optional() }),
   checkFile(trigger, fn) {
     const problems = [];
     try {
-      new Cron(trigger.cron, { paused: true }).stop();
+      scheduleOf(trigger).stop();
     } catch (err) {
       problems.push({ at: "cron", message: (err as Error).message });
     }
     if (!fn.input.safeParse({}).success) problems.push({ message: "a cron run's input is {}, which the input schema refuses" });
     return problems;
   },
-  describe: (trigger) => `cron ${trigger.cron}${trigger.onStart ? " (and at start)" : ""}`,
+  describe: (trigger) => `cron ${trigger.cron}${trigger.timezone ? ` ${trigger.timezone}` : ""}${trigger.onStart ? " (and at start)" : ""}`,
 
   /**
    * Once every kind is bound, runs every `{ cron, onStart: true }` function once (in order,
    * awaited), then schedules every trigger. A scheduled time is run only by the replica that
-   * claims it; a claim that cannot be made skips the run; a run still going when the next is due
-   * skips that one. Not ready while a function's run at start failed, until it runs again.
+   * claims it, by that time ({@link dueAt}); a claim that cannot be made skips the run; a run
+   * still going when the next is due skips that one. Not ready while a function's run at start failed, until it runs again.
    */
   async bind(targets, env) {
     const failedAtStart = new Set<string>();
@@ -44,21 +78,23 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
           const outcome = await env.run(fn, { value: {} }, { kind: "start" });
           if (!outcome.ok) failedAtStart.add(fn.name);
         }
-        jobs = targets.map(
-          ({ fn, trigger }) =>
-            new Cron(trigger.cron, { protect: true }, async () => {
-              // Schedules are whole seconds: the nearest one names this run the same on every replica.
-              const scheduledAt = new Date(Math.round(Date.now() / 1000) * 1000);
-              const claimed = await env.claim(fn.name, scheduledAt).catch((err: unknown) => {
-                env.log.warn({ function: fn.name, scheduledAt, err }, "scheduled run not claimed; skipped");
-                return false;
-              });
-              if (!claimed) return;
-              const outcome = await env.run(fn, { value: {} }, { kind: "cron", cron: trigger.cron, scheduledAt });
-              // A function that failed at start and has now run is no longer a reason to be not ready.
-              if (outcome.ok) failedAtStart.delete(fn.name);
-            }),
-        );
+        jobs = targets.map(({ fn, trigger }) => {
+          const schedule = scheduleOf(trigger);
+          // The first time the job will fire for; each run is named from the one before.
+          let due = schedule.nextRun() ?? new Date();
+          return new Cron(trigger.cron, { protect: true, timezone: trigger.timezone ?? "UTC" }, async () => {
+            const scheduledAt = dueAt(schedule, due, new Date());
+            due = scheduledAt;
+            const claimed = await env.claim(fn.name, scheduledAt).catch((err: unknown) => {
+              env.log.warn({ function: fn.name, scheduledAt, err }, "scheduled run not claimed; skipped");
+              return false;
+            });
+            if (!claimed) return;
+            const outcome = await env.run(fn, { value: {} }, { kind: "cron", cron: trigger.cron, scheduledAt });
+            // A function that failed at start and has now run is no longer a reason to be not ready.
+            if (outcome.ok) failedAtStart.delete(fn.name);
+          });
+        });
       },
       notReady: () => [...failedAtStart].map((name) => `${name}: its run at start failed`),
       stop: async () => jobs.forEach((job) => job.stop()),

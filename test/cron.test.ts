@@ -1,0 +1,59 @@
+import { Cron } from "croner";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { cron, dueAt, scheduleOf } from "../runtime/triggers/cron.ts";
+
+const utc = (text: string) => new Date(text).toISOString();
+const runs = (job: Cron, n: number, from: string) => job.nextRuns(n, new Date(from)).map((d) => d.toISOString());
+
+describe("cron schedules (docs/runtime.md §6.3.3)", () => {
+  let tz: string | undefined;
+  beforeEach(() => {
+    tz = process.env.TZ;
+    // A machine whose clock shifts in spring and autumn.
+    process.env.TZ = "Europe/Berlin";
+  });
+  afterEach(() => {
+    if (tz === undefined) delete process.env.TZ;
+    else process.env.TZ = tz;
+  });
+
+  it("run in UTC whatever the machine's time zone, through both changes of Europe/Berlin", () => {
+    // The machine's own zone skips an hour at the autumn change (what croner does when given none).
+    expect(runs(new Cron("*/30 * * * * *", { paused: true }), 1, "2026-10-25T00:59:30Z")).toEqual([utc("2026-10-25T02:00:00Z")]);
+
+    expect(runs(scheduleOf({ cron: "*/30 * * * * *" }), 3, "2026-10-25T00:59:30Z")).toEqual([
+      utc("2026-10-25T01:00:00Z"),
+      utc("2026-10-25T01:00:30Z"),
+      utc("2026-10-25T01:01:00Z"),
+    ]);
+    expect(runs(scheduleOf({ cron: "0 * * * *" }), 3, "2026-10-25T00:00:00Z")).toEqual([
+      utc("2026-10-25T01:00:00Z"),
+      utc("2026-10-25T02:00:00Z"),
+      utc("2026-10-25T03:00:00Z"),
+    ]);
+    expect(runs(scheduleOf({ cron: "0 * * * *" }), 3, "2026-03-29T00:00:00Z")).toEqual([
+      utc("2026-03-29T01:00:00Z"),
+      utc("2026-03-29T02:00:00Z"),
+      utc("2026-03-29T03:00:00Z"),
+    ]);
+  });
+
+  it("run in the time zone a trigger names", () => {
+    const three = scheduleOf({ cron: "0 3 * * *", timezone: "Europe/Berlin" });
+    expect(runs(three, 2, "2026-03-28T12:00:00Z")).toEqual([utc("2026-03-29T01:00:00Z"), utc("2026-03-30T01:00:00Z")]);
+    expect(runs(three, 2, "2026-10-24T12:00:00Z")).toEqual([utc("2026-10-25T02:00:00Z"), utc("2026-10-26T02:00:00Z")]);
+    expect(cron.schema.safeParse({ cron: "0 3 * * *", timezone: "Mars/Olympus" }).success).toBe(false);
+    expect(cron.describe({ cron: "0 3 * * *", timezone: "Europe/Berlin" })).toBe("cron 0 3 * * * Europe/Berlin");
+  });
+
+  it("name a late run by the time it was due, never by the next", () => {
+    const everySecond = scheduleOf({ cron: "* * * * * *" });
+    const t = new Date("2026-12-01T10:00:00Z");
+    expect(dueAt(everySecond, t, new Date(t.getTime() + 700)).toISOString()).toBe(utc("2026-12-01T10:00:00Z"));
+    expect(dueAt(everySecond, t, new Date(t.getTime() + 2300)).toISOString()).toBe(utc("2026-12-01T10:00:02Z"));
+    const hourly = scheduleOf({ cron: "0 * * * *" });
+    expect(dueAt(hourly, new Date("2026-12-01T10:00:00Z"), new Date("2026-12-01T10:59:59.9Z")).toISOString()).toBe(
+      utc("2026-12-01T10:00:00Z"),
+    );
+  });
+});
