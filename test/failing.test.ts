@@ -165,11 +165,18 @@ describe("deciding what an event does", () => {
   it("changes nothing for older or same events, a failing winning a tie", () => {
     expect(decide(kept(1, 5), failing(5))).toEqual({ change: "older" });
     expect(decide(kept(1, 5), failing(4))).toEqual({ change: "older" });
-    expect(decide(kept(1, 5), recovered(5))).toEqual({ change: "older" });
     expect(decide(kept(1, 5), recovered(1))).toEqual({ change: "older" });
     expect(decide(remembered(6), failing(5))).toEqual({ change: "older" });
     expect(decide(remembered(6), recovered(6))).toEqual({ change: "older" });
     expect(decide(remembered(6), failing(6)).change).toBe("raised");
+  });
+
+  it("starts the streak at a tie's instant, whichever of the failing and the recovered of that instant arrives first", () => {
+    // F(1), F(5), R(5) and F(1), R(5), F(5): failing since 5 both ways.
+    expect(decide(kept(1, 5), recovered(5))).toEqual({ change: "restarted", write: { put: { word: "kept", since: t(5), at: t(5) } } });
+    expect(decide(remembered(5), failing(5))).toEqual({ change: "raised", write: { put: { word: "w5", since: t(5), at: t(5) } } });
+    // A lone failing and a recovered of one instant: failing since it, both ways.
+    expect(decide(kept(5, 5), recovered(5))).toEqual({ change: "older" });
   });
 
   it("restarts the streak at the kept failing when a recovery between since and at arrives late", () => {
@@ -210,6 +217,29 @@ describe("applying events, newest wins", () => {
     expect(await on("recovered", 4)).toBe("recovered");
     expect(keptOf(await bucket.last("p.m.c"))).toMatchObject({ state: "recovered", at: t(4), since: t(2) });
     expect(await bucket.get("p.m.c")).toBeNull();
+  });
+
+  it("keeps the same since at ties, whatever order F(1), F(2) and R(2) arrive in", async () => {
+    const events = [
+      { kind: "failing", event: { machine: "m", consumer: "tie", word: "one", at: t(1) } },
+      { kind: "failing", event: { machine: "m", consumer: "tie", word: "two", at: t(2) } },
+      { kind: "recovered", event: { machine: "m", consumer: "tie", at: t(2) } },
+    ] as const;
+    const orders = [
+      [0, 1, 2],
+      [0, 2, 1],
+      [1, 0, 2],
+      [1, 2, 0],
+      [2, 0, 1],
+      [2, 1, 0],
+    ];
+    const ends = [];
+    for (const [i, order] of orders.entries()) {
+      for (const n of order) await applyEvent(bucket, `tie${i}`, events[n]!);
+      const { revision: _, ...kept } = keptOf(await bucket.last(`tie${i}.m.tie`)) as { revision: number };
+      ends.push(kept);
+    }
+    expect(ends).toEqual(Array(6).fill({ state: "failing", word: "two", since: t(2), at: t(2) }));
   });
 
   it("ends at the newest event of a triple, whatever order the events come in, even applied at once", async () => {

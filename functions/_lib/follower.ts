@@ -118,11 +118,12 @@ type Write = { put: { word: string; since: string; at: string } } | { recover: {
  * - a recovered newer than the kept failing removes it (`recovered`); newer than a recovery or
  *   nothing, it is remembered (`remembered`), so a failing older than it arriving later does
  *   not raise the triple again;
- * - a recovered between the kept failing's `since` and `at` ended that streak: a failing came
- *   after it, so the streak now starts at the kept `at` (`restarted`). The failings between the
+ * - a recovered after the kept failing's `since` and not after its `at` ended that streak: a
+ *   failing came after it (or at its instant), so the streak now starts at the kept `at` (`restarted`). The failings between the
  *   recovery and `at` are not remembered, so `since` may be later than the true first of them;
  * - anything else is older or the same and changes nothing (`older`): the same event twice is
- *   one of these. A failing and a recovered of the same instant: the failing wins.
+ *   one of these. A failing and a recovered of the same instant: the failing wins, and its streak
+ *   starts at that instant, whichever of the two arrived first.
  */
 export function decide(kept: Kept, event: Event): { change: Change; write?: Write } {
   const { at } = event.event;
@@ -136,7 +137,9 @@ export function decide(kept: Kept, event: Event): { change: Change; write?: Writ
   }
   if (kept.state === "failing") {
     if (compareTimes(at, kept.at) > 0) return { change: "recovered", write: { recover: { recovered: at, since: kept.since } } };
-    if (compareTimes(at, kept.since) > 0 && compareTimes(at, kept.at) < 0) {
+    // A recovery at the very instant of the kept failing ends the streak before it: the failing of
+    // that instant starts one of its own, as it does when the recovery arrives first.
+    if (compareTimes(at, kept.since) > 0 && compareTimes(at, kept.at) <= 0) {
       return { change: "restarted", write: { put: { word: kept.word, since: kept.at, at: kept.at } } };
     }
     return { change: "older" };
