@@ -63,7 +63,15 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
  * it has replicas: a follower may lag); throws naming the bucket when the server refuses.
  */
 export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
-  const jsm = await nc.jetstreamManager();
+  const jsm = await nc.jetstreamManager().catch((err: { code?: string; message: string }) => {
+    // No responder to `$JS.API.INFO`: the server, or the seat's account, has no JetStream.
+    if (err.code !== "503") throw err;
+    throw new Error(
+      `JetStream is off on ${nc.getServer()} for the seat's account: start nats-server with --jetstream, or put ` +
+        "`jetstream { store_dir: … }` in its configuration (and `jetstream: enabled` in the seat's account when it has accounts)",
+      { cause: err },
+    );
+  });
   const js = nc.jetstream();
   const all: [string, BucketConfig][] = [
     ...Object.entries(config.buckets),

@@ -16,6 +16,7 @@ import {
   type Config,
 } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
+import { spawnNatsServer } from "../runtime/nats-server.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { projectConfig, request, ROOT, testBus, until } from "./helpers.ts";
 
@@ -563,6 +564,22 @@ describe("the config", () => {
     });
     expect(config.nats).toEqual({ servers: ["nats://a:4222", "nats://b:4222"], user: "u", password: "p" });
     expect(config.http).toEqual({ host: "127.0.0.1", port: 9000 });
+  });
+
+  it("says that JetStream is off, and which setting turns it on, on a server without it", async () => {
+    const dir = functionsFolder({ "echo.ts": ECHO });
+    const server = await spawnNatsServer({
+      conf: { authorization: { users: [{ user: "seat", password: "pw" }] } },
+      confFile: join(dir, "no-jetstream.conf"),
+    });
+    try {
+      const failure = await start({ config: { ...configFor(dir), nats: { servers: [server.url], user: "seat", password: "pw" } } }).catch(
+        (e: unknown) => e,
+      );
+      expect((failure as Error).message).toMatch(/^JetStream is off on .* for the seat's account: start nats-server with --jetstream/);
+    } finally {
+      await server.stop();
+    }
   });
 
   it("refuses a top-level field no function reads", async () => {
