@@ -6,7 +6,7 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { freePort, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
+import { freePorts, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
 import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface ClusterOptions {
@@ -73,9 +73,13 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   const names = options.users.map((u) => u.user);
   const passwords = userPasswords(stateDir, names);
   const accounts = accountsOf(options.users, (user) => passwords[user]!);
-  const ports = await Promise.all(
-    Array.from({ length: size }, async () => ({ client: await freePort(), route: await freePort(), monitor: await freePort() })),
-  );
+  // Every port picked at once, so no two of the servers' ports are the same.
+  const picked = await freePorts(size * 3);
+  const ports = Array.from({ length: size }, (_, i) => ({
+    client: picked[3 * i]!,
+    route: picked[3 * i + 1]!,
+    monitor: picked[3 * i + 2]!,
+  }));
   const routes = ports.map((p) => `nats-route://127.0.0.1:${p.route}`);
 
   const servers = ports.map((port, i) => {

@@ -44,6 +44,24 @@ export function freePort(): Promise<number> {
   return portFree(0);
 }
 
+/** `n` distinct loopback ports nothing listens on right now: all held at once while they are picked. */
+export async function freePorts(n: number): Promise<number[]> {
+  const probes = Array.from({ length: n }, () => createServer());
+  try {
+    return await Promise.all(
+      probes.map(
+        (probe) =>
+          new Promise<number>((resolve, reject) => {
+            probe.on("error", reject);
+            probe.listen(0, "127.0.0.1", () => resolve((probe.address() as { port: number }).port));
+          }),
+      ),
+    );
+  } finally {
+    await Promise.all(probes.map((probe) => new Promise((resolve) => probe.close(resolve))));
+  }
+}
+
 /** `port` on 127.0.0.1 when nothing listens there now (0: any free one); rejects when it is taken. */
 function portFree(port: number): Promise<number> {
   return new Promise((resolve, reject) => {

@@ -88,10 +88,15 @@ export async function start(options: StartOptions): Promise<Running> {
   // Why the connection is gone for good, when it closed without a stop (`GET /healthz` says it).
   let lost: string | undefined;
   let connected = true;
+  // Subscriptions the server refused: their triggers take nothing until the seat may subscribe.
+  const refusedSubscriptions = new Set<string>();
   const readiness = () => [
     ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
     ...(lost !== undefined ? [lost] : connected ? [] : ["not connected to NATS: reconnecting"]),
     ...bindings.flatMap((binding) => binding.notReady?.() ?? []),
+    ...[...refusedSubscriptions].map(
+      (subject) => `the server refuses the seat the subscription to ${subject}: grant what \`mesh-provisioner permissions\` prints`,
+    ),
   ];
   const watchConnection = (metrics: Metrics) => {
     metrics.connected.set(1);
@@ -114,6 +119,12 @@ export async function start(options: StartOptions): Promise<Running> {
           metrics.reconnects.inc();
           log.info({ server: withoutPassword(String(status.data)) }, "NATS reconnected");
         }
+        // A publish or subscription the server refuses shows nowhere else: say it, with its subject.
+        const refused = (status as { permissionContext?: { operation: string; subject: string; queue?: string } }).permissionContext;
+        if (status.type === "error" && refused !== undefined) {
+          log.error({ operation: refused.operation, subject: refused.subject }, "the server refused a permission of the seat");
+          if (refused.operation === "subscription") refusedSubscriptions.add(refused.subject);
+        }
       }
     })();
   };
@@ -129,7 +140,11 @@ export async function start(options: StartOptions): Promise<Running> {
       claim: opened.records.claim,
       version: versionOf(config),
       graceMs,
-      probes: { live: () => (lost === undefined ? [] : [lost]), ready: readiness },
+      probes: {
+        live: () => (lost === undefined ? [] : [lost]),
+        ready: readiness,
+        bus: () => lost ?? (connected ? undefined : "NATS is unreachable: the set is reconnecting"),
+      },
       metrics: async () => ({ text: await opened.metrics.registry.metrics(), contentType: opened.metrics.registry.contentType }),
     };
     for (const kind of KINDS) bindings.push(await kind.bind(targetsOf(functions, kind), env));

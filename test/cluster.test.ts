@@ -204,6 +204,19 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     const killed = tc.cluster.servers[1]!;
     const killedAt = Date.now();
     await killed.kill();
+    // Once the surviving servers have dropped their routes to it (a request routed to the dead
+    // server's subscribers in the meantime gets no answer, whatever the set does).
+    const survivors = tc.cluster.servers.filter((server) => server !== killed);
+    await until(
+      async () => {
+        const routes = await Promise.all(
+          survivors.map((server) => fetch(`${server.monitor}/routez`).then((r) => r.json() as Promise<{ num_routes: number }>)),
+        );
+        return routes.every((r) => r.num_routes === survivors.length - 1);
+      },
+      10_000,
+      "routes to the killed server dropped",
+    );
     // The key written just before the kill is in the next answer, whichever replica gives it.
     const next = await request(birch, VERB, { what: "needs", node: "birch", module: "before-kill" });
     expect(next.body.entries.map((e: { key: string }) => e.key)).toEqual(["birch.before-kill.config.url"]);

@@ -85,5 +85,14 @@ describe("health and readiness", () => {
     await until(async () => (await get("/readyz")).status === 503, 10_000, "not ready once the server is gone");
     expect(await get("/readyz")).toEqual({ status: 503, body: { ready: false, reasons: ["not connected to NATS: reconnecting"] } });
     expect((await get("/healthz")).status).toBe(200);
+    // The functions' routes answer at once, saying why, instead of waiting for a server that is not there.
+    for (const path of ["/provisioning?what=needs&node=alder", "/status"]) {
+      const began = Date.now();
+      expect(await get(path)).toEqual({
+        status: 503,
+        body: { error: { code: 503, message: "NATS is unreachable: the set is reconnecting" } },
+      });
+      expect(Date.now() - began).toBeLessThan(1000);
+    }
   });
 });

@@ -3,7 +3,16 @@
  * of the config, through a durable consumer of that stream, so nothing published while the set
  * is down is lost; without, a plain subscription in the seat's queue group (docs/runtime.md §6.3.2).
  */
-import { AckPolicy, DeliverPolicy, nanos, type ConsumerMessages, type JetStreamManager, type JsMsg, type Subscription } from "nats";
+import {
+  AckPolicy,
+  ConsumerEvents,
+  DeliverPolicy,
+  nanos,
+  type ConsumerMessages,
+  type JetStreamManager,
+  type JsMsg,
+  type Subscription,
+} from "nats";
 import type { Logger } from "pino";
 import { z } from "zod";
 import type { Config } from "../config.ts";
@@ -70,7 +79,8 @@ export function durables(targets: readonly Target<EventTrigger>[], config: Confi
 }
 
 /**
- * Binds `durable` on `stream`: every message, explicit acknowledgement. It takes every message
+ * Binds `durable` on `stream`: every message (from stream sequence `from` when it is made again
+ * after being deleted), explicit acknowledgement. It takes every message
  * of the stream and its binding acknowledges at once those its trigger does not match:
  * nats-server 2.9 counts a filtered consumer's pending messages by scanning the stream at each
  * delivery, which slows it as the stream grows. A durable of that name made filtered (as sets
@@ -78,12 +88,29 @@ export function durables(targets: readonly Target<EventTrigger>[], config: Confi
  * acknowledgement floor: nothing is lost, and what it had acknowledged above the floor comes
  * again (handlers bear running twice).
  */
-async function bindDurable(jsm: JetStreamManager, stream: string, durable: string, ackWaitSeconds: number, log: Logger): Promise<void> {
+async function bindDurable(
+  jsm: JetStreamManager,
+  stream: string,
+  durable: string,
+  ackWaitSeconds: number,
+  log: Logger,
+  from?: number,
+): Promise<void> {
   const ackWait = nanos(ackWaitSeconds * 1000);
   const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
-  const existing = await jsm.consumers.info(stream, durable).catch(() => undefined);
+  // Only a durable the server says is not there is made: any other failure (no answer while a
+  // leader is elected) is thrown, so an existing durable is never made again from elsewhere.
+  const existing = await jsm.consumers.info(stream, durable).catch((err: Error) => {
+    if (err.message === "consumer not found") return undefined;
+    throw err;
+  });
   if (existing === undefined) {
-    await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.All });
+    await jsm.consumers.add(
+      stream,
+      from === undefined
+        ? { ...config, deliver_policy: DeliverPolicy.All }
+        : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from },
+    );
     return;
   }
   if (!existing.config.filter_subject) {
@@ -96,10 +123,10 @@ async function bindDurable(jsm: JetStreamManager, stream: string, durable: strin
     }
     return;
   }
-  const from = existing.ack_floor.stream_seq + 1;
-  log.info({ stream, durable, from }, "making the durable consumer unfiltered");
+  const after = existing.ack_floor.stream_seq + 1;
+  log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
   await jsm.consumers.delete(stream, durable);
-  await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from });
+  await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: after });
 }
 
 export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
@@ -157,7 +184,10 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     await assertStreams(jsm, config, streamSubjects(targets), log);
 
     const subscriptions: Subscription[] = [];
-    const consumers: { messages: ConsumerMessages; loop: Promise<void> }[] = [];
+    const live = new Set<ConsumerMessages>();
+    const loops: Promise<void>[] = [];
+    /** Durables found deleted, not made again yet: why the binding cannot serve. */
+    const gone = new Map<string, string>();
     let stopping = false;
     for (const { fn, trigger, index } of targets) {
       if (trigger.stream === undefined) {
@@ -177,8 +207,11 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       await bindDurable(jsm, stream, durable, ackWaitSeconds, log).catch((err: Error) => {
         throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`, { cause: err });
       });
-      const consumer = await nc.jetstream().consumers.get(stream, durable);
-      const messages = await consumer.consume({ max_messages: BATCH });
+      // What this replica knows of the durable's progress, to make it again from there: the stream
+      // sequences handed to it and not acknowledged yet (in hand, or failed and waiting), and the
+      // highest it saw acknowledged.
+      const pending = new Set<number>();
+      let acked = (await jsm.consumers.info(stream, durable)).ack_floor.stream_seq;
       const one = async (m: JsMsg) => {
         if (!subjectMatches(trigger.event, m.subject)) return m.ack();
         const outcome = await env.run(
@@ -187,16 +220,35 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount },
         );
         // A refusal is acknowledged (the runner counted it); a fault comes again.
-        if (!outcome.ok && outcome.error.code >= 500) m.nak(backoff(m.info.redeliveryCount));
-        else m.ack();
+        if (!outcome.ok && outcome.error.code >= 500) return m.nak(backoff(m.info.redeliveryCount));
+        m.ack();
+        pending.delete(m.seq);
+        acked = Math.max(acked, m.seq);
       };
-      const loop = (async () => {
+      /** Consumes until stopped or until the durable is gone; says which. */
+      const consumeOnce = async (): Promise<"stopped" | "gone"> => {
+        const messages = await nc
+          .jetstream()
+          .consumers.get(stream, durable)
+          .then((c) => c.consume({ max_messages: BATCH }));
+        live.add(messages);
+        let gone = false;
+        void (async () => {
+          for await (const s of await messages.status()) {
+            if (s.type === ConsumerEvents.ConsumerDeleted || s.type === ConsumerEvents.ConsumerNotFound) {
+              gone = true;
+              messages.stop();
+              return;
+            }
+          }
+        })().catch(() => {});
         const running = new Set<Promise<void>>();
         for await (const m of messages) {
           if (stopping) {
             m.nak();
             continue;
           }
+          pending.add(m.seq);
           const handled: Promise<void> = one(m)
             .catch((err: unknown) => log.error({ function: fn.name, durable, err }, "event not handled"))
             .finally(() => running.delete(handled));
@@ -204,15 +256,43 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           if (running.size >= BATCH) await Promise.race(running);
         }
         await Promise.all(running);
+        live.delete(messages);
+        return gone && !stopping ? "gone" : "stopped";
+      };
+      // A durable deleted behind the set (`nats consumer rm`) is made again from where this
+      // replica was, and not ready meanwhile.
+      const loop = (async () => {
+        while ((await consumeOnce()) === "gone") {
+          const from = pending.size > 0 ? Math.min(...pending) : acked + 1;
+          gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone: making it again from stream sequence ${from}`);
+          log.warn({ function: fn.name, stream, durable, from }, "durable consumer deleted; making it again");
+          for (;;) {
+            if (stopping) return;
+            try {
+              await bindDurable(jsm, stream, durable, ackWaitSeconds, log, from);
+              break;
+            } catch (err) {
+              log.warn(
+                { function: fn.name, stream, durable, err: (err as Error).message },
+                "durable consumer not made again; trying again in 1 s",
+              );
+              await new Promise((r) => setTimeout(r, 1000));
+            }
+          }
+          pending.clear();
+          gone.delete(durable);
+          log.info({ function: fn.name, stream, durable, from }, "durable consumer made again");
+        }
       })().catch((err: unknown) => log.error({ function: fn.name, durable, err }, "consumer stopped"));
-      consumers.push({ messages, loop });
+      loops.push(loop);
     }
     return {
+      notReady: () => [...gone.values()],
       stop: async () => {
         stopping = true;
         for (const sub of subscriptions) sub.unsubscribe();
-        for (const { messages } of consumers) messages.stop();
-        await Promise.all(consumers.map(({ loop }) => loop));
+        for (const messages of live) messages.stop();
+        await Promise.all(loops);
       },
     };
   },

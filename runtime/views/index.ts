@@ -49,7 +49,7 @@ export async function openView(
   { resyncMs = RESYNC_MS }: { resyncMs?: number } = {},
 ): Promise<LiveView> {
   const jsm = await nc.jetstreamManager();
-  const { config: streamConfig } = await jsm.streams.info(`KV_${bucket}`);
+  const { config: streamConfig, created } = await jsm.streams.info(`KV_${bucket}`);
   const nothingAfter = nothingAfterProbe(nc, bucket, streamConfig);
   let stopped = false;
   let current: Generation | undefined;
@@ -68,10 +68,12 @@ export async function openView(
       applied: (generation) => {
         if (generation === current) fresh.reached(generation.applied);
       },
+      // A watch that ends by itself (its consumer could not be made again: the stream gone, a
+      // server back with an empty store) is replaced by a new load, the server read meanwhile.
       ended: (generation) => {
-        if (current !== generation) return;
-        stopped = true;
+        if (current !== generation || stopped) return;
         fresh.release();
+        resync.now("the view's watch ended", false);
       },
     });
   current = await start();
@@ -82,6 +84,7 @@ export async function openView(
     bucket,
     every: resyncMs,
     log,
+    created,
     current: () => current!,
     stopped: () => stopped,
     nothingAfter,
@@ -91,6 +94,15 @@ export async function openView(
       fresh.reached(next.applied);
     },
   });
+
+  // When the connection comes back, the watch's consumer may be on a server that is gone: a new
+  // load makes it again at once, the load in hand serving meanwhile.
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (stopped) return;
+      if (status.type === "reconnect") resync.now("the connection came back", true);
+    }
+  })().catch(() => {});
 
   /** A record as read: a delete marker whose value the view did not keep, read from the server. */
   const whole = async (generation: Generation, record: KeyRecord): Promise<KeyRecord | null> =>

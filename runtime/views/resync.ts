@@ -1,14 +1,16 @@
 /**
- * Resync of a live view: every {@link RESYNC_MS} it compares the number of keys the view holds
- * with the number of subjects of its stream, and when they differ loads the bucket again,
- * switching to the new load once it is complete. Messages removed without a delete marker (a
- * stream purge, a bucket's age limit) are noticed this way; no watch reports them.
+ * Resync of a live view: every {@link RESYNC_MS} it compares the view with its stream (the
+ * stream's creation time and last sequence, the number of keys against the number of subjects),
+ * and when they disagree, or when asked (the view's watch ended, the connection came back), loads
+ * the bucket again, switching to the new load once it is complete. A stream deleted and made
+ * again, a store come back emptier, and messages removed without a delete marker (a purge, an age
+ * limit) are noticed this way; no watch reports them.
  */
 import type { JetStreamManager } from "nats";
 import type { Logger } from "pino";
 
-/** How often a view checks that it holds as many keys as the stream has subjects, in milliseconds. */
-export const RESYNC_MS = 10_000;
+/** How often a view compares itself with its stream, in milliseconds. */
+export const RESYNC_MS = 5_000;
 
 /** What a resync uses of one load of the bucket (a generation of the view). */
 export interface Load {
@@ -23,25 +25,36 @@ export interface Load {
 
 /** A running resync. */
 export interface Resync {
-  /** Whether a new load is under way: reads should go to the server meanwhile. */
+  /** Whether the view cannot be trusted until a new load is complete: reads should go to the server meanwhile. */
   reloading(): boolean;
+  /**
+   * Loads the bucket again now, and again every {@link RESYNC_MS} until a load completes.
+   * `trusted`: the load in hand may still serve meanwhile (the connection came back); else
+   * reads go to the server until the new load is adopted (the load in hand ended or is wrong).
+   */
+  now(why: string, trusted: boolean): void;
   /** Stops the periodic comparison and the watch of a load under way. */
   stop(): void;
 }
 
 /**
- * Starts comparing, every `every` ms (an unref'd timer), the load `current()` with stream
- * `KV_<bucket>` (`$JS.API.STREAM.INFO.KV_<bucket>`, and `nothingAfter` when the stream's last
- * message was removed). When they differ, it starts another load with `load()`,
- * waits for it to be loaded, hands it to `adopt` and stops the watch of the previous one. Skips
- * a round while `stopped()` or while a load is under way; a failed round is logged as a warning
- * with `bucket`.
+ * Starts the resync of a view, whose stream was created at `created` (the stream info's): every
+ * `every` ms, compares the view with its stream, and loads the bucket again (`load`, then
+ * `adopt` once it is complete, stopping the load it replaces) when
+ * - the stream is not the one the view loaded: created at another time, or its last sequence
+ *   below the last the view applied (deleted and made again, or a store come back with less);
+ * - the view holds another number of keys than the stream has subjects: messages were removed
+ *   without a marker (a purge, an age limit), or, on nats-server 2.9.10, a filtered purge moved
+ *   the watch past messages it had not delivered;
+ * - or {@link Resync.now} asked for it.
+ * A round that fails (the server away) is logged and tried again at the next.
  */
 export function resyncing<G extends Load>({
   jsm,
   bucket,
   every,
   log,
+  created,
   current,
   stopped,
   nothingAfter,
@@ -52,6 +65,7 @@ export function resyncing<G extends Load>({
   bucket: string;
   every: number;
   log: Logger;
+  created: string;
   current: () => G;
   stopped: () => boolean;
   nothingAfter: (sequence: number) => Promise<boolean>;
@@ -59,18 +73,46 @@ export function resyncing<G extends Load>({
   adopt: (next: G) => void;
 }): Resync {
   const stream = `KV_${bucket}`;
+  let loadedFrom = created;
   let reloading = false;
+  let untrusted = false;
+  /** Why a reload was asked for and not done yet. */
+  let asked: { why: string; trusted: boolean } | undefined;
   let loading: G | undefined;
-  /**
-   * Loads the bucket again when the view holds another number of keys than the stream has
-   * subjects: messages were removed without a marker (a purge, an age limit), or, on
-   * nats-server 2.9.10, a filtered purge moved the watch past messages it had not delivered.
-   */
-  const resync = async () => {
+
+  const reload = async (why: string, trusted: boolean, streamCreated: string) => {
+    log.warn({ bucket, why }, "loading the bucket again");
+    reloading = true;
+    untrusted = !trusted;
+    const generation = current();
+    try {
+      loading = await load();
+      await loading.loaded;
+      if (stopped()) return loading.watch.stop();
+      adopt(loading);
+      loadedFrom = streamCreated;
+      asked = undefined;
+      untrusted = false;
+      generation.watch.stop();
+    } finally {
+      loading = undefined;
+      reloading = false;
+    }
+  };
+
+  const round = async () => {
     if (stopped() || reloading) return;
-    const { state } = await jsm.streams.info(stream);
+    const { state, created: streamCreated } = await jsm.streams.info(stream);
     const generation = current();
     const { applied } = generation;
+    if (asked !== undefined) return reload(asked.why, asked.trusted, streamCreated);
+    if (streamCreated !== loadedFrom || state.last_seq < applied) {
+      return reload(
+        `the stream is not the one the view loaded (created ${streamCreated}, last sequence ${state.last_seq}; the view applied ${applied})`,
+        false,
+        streamCreated,
+      );
+    }
     // nats-server leaves the count out when it is 0.
     const subjects = state.num_subjects ?? (state.messages === 0 ? 0 : undefined);
     if (subjects === undefined) return;
@@ -80,25 +122,20 @@ export function resyncing<G extends Load>({
       applied === state.last_seq ||
       (applied < state.last_seq && (await nothingAfter(applied)) && current() === generation && generation.applied === applied);
     if (!comparable || generation.tree.size === subjects) return;
-    log.warn({ bucket, held: generation.tree.size, subjects }, "the view and the stream differ; loading the bucket again");
-    reloading = true;
-    try {
-      loading = await load();
-      await loading.loaded;
-      if (stopped()) return loading.watch.stop();
-      adopt(loading);
-      generation.watch.stop();
-    } finally {
-      loading = undefined;
-      reloading = false;
-    }
+    return reload(`the view holds ${generation.tree.size} keys, the stream ${subjects} subjects`, false, streamCreated);
   };
-  const timer = setInterval(() => {
-    resync().catch((err: unknown) => log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream"));
-  }, every);
+  const tick = () =>
+    round().catch((err: unknown) => log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream"));
+  const timer = setInterval(tick, every);
   timer.unref();
   return {
-    reloading: () => reloading,
+    reloading: () => untrusted && (reloading || asked !== undefined),
+    now: (why, trusted) => {
+      // An untrusted ask is not softened by a trusted one.
+      asked = asked !== undefined && !asked.trusted ? asked : { why, trusted };
+      if (!trusted) untrusted = true;
+      void tick();
+    },
     stop() {
       clearInterval(timer);
       loading?.watch.stop();
