@@ -35,6 +35,10 @@ export interface Runner {
    * is a 500, so it comes again. A scheduled run (`cron`, `start`) that succeeded is recorded.
    */
   run(fn: LoadedFunction, input: RawInput, trigger: TriggerInfo): Promise<Outcome>;
+  /** Asserts the buckets again, creating what the server lost (docs/buckets.md §2.4). */
+  reassert(): Promise<void>;
+  /** Why the runner cannot serve from memory now (views loading their bucket again). */
+  notReady(): string[];
   /** Stops the live views. */
   close(): void;
 }
@@ -143,7 +147,7 @@ export async function openRunner({ nc, config, log, clock = { now: () => new Dat
     return recorded(fn, trigger, outcome);
   };
 
-  return { nc, config, log, records, metrics, context, run, close: storage.close };
+  return { nc, config, log, records, metrics, context, run, reassert: storage.reassert, notReady: storage.notReady, close: storage.close };
 }
 
 /**

@@ -88,11 +88,35 @@ export async function start(options: StartOptions): Promise<Running> {
   // Why the connection is gone for good, when it closed without a stop (`GET /healthz` says it).
   let lost: string | undefined;
   let connected = true;
+  // After a reconnect: what the server may have lost (it came back with an empty store) is
+  // asserted again, buckets, streams and durables, never emptying anything; until then not ready.
+  let reasserting: Promise<void> | undefined;
+  let reassertFailed: string | undefined;
+  const reassert = () =>
+    (reasserting ??= (async () => {
+      for (;;) {
+        if (stopping || runner === undefined) break;
+        try {
+          await runner.reassert();
+          for (const binding of bindings) await binding.reconnected?.();
+          reassertFailed = undefined;
+          break;
+        } catch (err) {
+          reassertFailed = (err as Error).message;
+          log.warn({ err: reassertFailed }, "buckets and streams not asserted again after the reconnect; trying again in 2 s");
+          await new Promise((r) => setTimeout(r, 2000));
+        }
+      }
+    })().finally(() => (reasserting = undefined)));
   // Subscriptions the server refused: their triggers take nothing until the seat may subscribe.
   const refusedSubscriptions = new Set<string>();
   const readiness = () => [
     ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
     ...(lost !== undefined ? [lost] : connected ? [] : ["not connected to NATS: reconnecting"]),
+    ...(reasserting === undefined
+      ? []
+      : [`reconnected: asserting the buckets and streams again${reassertFailed ? ` (${reassertFailed})` : ""}`]),
+    ...(runner?.notReady() ?? []),
     ...bindings.flatMap((binding) => binding.notReady?.() ?? []),
     ...[...refusedSubscriptions].map(
       (subject) => `the server refuses the seat the subscription to ${subject}: grant what \`mesh-provisioner permissions\` prints`,
@@ -118,6 +142,7 @@ export async function start(options: StartOptions): Promise<Running> {
           metrics.connected.set(1);
           metrics.reconnects.inc();
           log.info({ server: withoutPassword(String(status.data)) }, "NATS reconnected");
+          void reassert();
         }
         // A publish or subscription the server refuses shows nowhere else: say it, with its subject.
         const refused = (status as { permissionContext?: { operation: string; subject: string; queue?: string } }).permissionContext;

@@ -22,6 +22,13 @@ export interface Storage {
   view(name: string): ViewBucket;
   /** The runtime's records (`<seat>_runtime`) and claims (`<seat>_claims`). */
   readonly records: Recorder;
+  /**
+   * Asserts the buckets again (after the connection came back: the server may have come back with
+   * an empty store); creates what is missing, empties nothing. Throws as {@link assertBuckets}.
+   */
+  reassert(): Promise<void>;
+  /** Why reads cannot be served from memory now: views loading their bucket again. */
+  notReady(): string[];
   /** Stops the live views. */
   close(): void;
 }
@@ -56,6 +63,8 @@ export async function openStorage(nc: NatsConnection, config: Config, log: Logge
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
     ),
+    reassert: async () => void (await assertBuckets(nc, config, log)),
+    notReady: () => [...views.values()].flatMap((view) => view.trouble() ?? []),
     close: () => {
       for (const view of views.values()) view.stop();
     },

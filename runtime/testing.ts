@@ -27,8 +27,11 @@ export interface TestBus {
   connect(user?: string): Promise<NatsConnection>;
   /** A bucket of the config (by its config name) opened as the seat or another user, never created. */
   kv(bucket: string, user?: string): Promise<KV>;
-  /** Kills the server (SIGKILL) and starts it again on the same port and store; with another `max_payload` when given. */
-  restart(options?: { readonly maxPayload?: number }): Promise<void>;
+  /**
+   * Kills the server (SIGKILL) and starts it again on the same port and store; with another
+   * `max_payload` when given; with its JetStream store removed when `emptyStore` (a disk lost).
+   */
+  restart(options?: { readonly maxPayload?: number; readonly emptyStore?: boolean }): Promise<void>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -93,9 +96,10 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
       const name = config.buckets[bucket]?.bucket ?? bucket;
       return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
     },
-    restart: async ({ maxPayload = embedded.maxPayload } = {}) => {
+    restart: async ({ maxPayload = embedded.maxPayload, emptyStore = false } = {}) => {
       process.kill(server.pid, "SIGKILL");
       await server.stop();
+      if (emptyStore) rmSync(join(dir, "jetstream"), { recursive: true, force: true });
       server = await startEmbedded({ ...embedded, maxPayload, port: server.port });
     },
     stop: async () => {

@@ -132,3 +132,56 @@ describe("a bucket deleted and made again behind the set", () => {
     }
   });
 });
+
+describe("a server back with an empty store", () => {
+  it("gets its buckets, stream and durables asserted again, is not ready until then, and serves again by itself", async () => {
+    const lost = await testBus();
+    const running = await startSet(lost);
+    try {
+      await (await lost.kv("needs", "alder")).put("alder.before.config.k", '"before"');
+      await lost.restart({ emptyStore: true });
+      const readiness: number[] = [];
+      const back = Date.now();
+      const birch = await lost.connect("birch");
+      const keycloak = await lost.connect("keycloak");
+      // Serving again: the verb answers from the new, empty bucket, and a provider's event is followed.
+      await until(
+        async () => {
+          readiness.push((await fetch(`${running.httpUrl}/readyz`)).status);
+          const answer = await request(birch, "mesh-provisioner.provisioning", { what: "needs", node: "alder" }).catch(() => undefined);
+          return answer?.errorCode === undefined && answer?.body.entries.length === 0;
+        },
+        15_000,
+        "the verb answers from the asserted bucket",
+      );
+      await until(
+        async () => {
+          const ack = await keycloak
+            .jetstream()
+            .publish(
+              "keycloak.provisioner.failing",
+              JSON.stringify({ machine: "alder", consumer: "after", word: "back", at: new Date().toISOString() }),
+            )
+            .catch(() => undefined);
+          return ack !== undefined;
+        },
+        15_000,
+        "the events stream takes events again",
+      );
+      await until(
+        async () => (await request(birch, "mesh-provisioner.status", { consumer: "after" })).body.failing?.length === 1,
+        15_000,
+        "the follower follows again",
+      );
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
+      expect(Date.now() - back).toBeLessThan(30_000);
+      expect(readiness).toContain(503);
+      await (await lost.kv("needs", "alder")).put("alder.after.config.k", '"after"');
+      const answer = await request(birch, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
+      expect(answer.body.entries.map((e: { key: string }) => e.key)).toEqual(["alder.after.config.k"]);
+    } finally {
+      await running.stop();
+      await lost.stop();
+    }
+  }, 90_000);
+});

@@ -235,7 +235,11 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         let gone = false;
         void (async () => {
           for await (const s of await messages.status()) {
-            if (s.type === ConsumerEvents.ConsumerDeleted || s.type === ConsumerEvents.ConsumerNotFound) {
+            if (
+              s.type === ConsumerEvents.ConsumerDeleted ||
+              s.type === ConsumerEvents.ConsumerNotFound ||
+              s.type === ConsumerEvents.StreamNotFound
+            ) {
               gone = true;
               messages.stop();
               return;
@@ -288,6 +292,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     }
     return {
       notReady: () => [...gone.values()],
+      reconnected: () => assertStreams(jsm, config, streamSubjects(targets), log),
       stop: async () => {
         stopping = true;
         for (const sub of subscriptions) sub.unsubscribe();

@@ -84,6 +84,11 @@ export interface Binding {
   afterBind?(): Promise<void>;
   /** Why this binding cannot serve for now (e.g. a run at start that failed); none when it can. */
   notReady?(): string[];
+  /**
+   * What it does when the connection came back: assert again what the server may have lost (a
+   * server back with an empty store). Throws when it cannot; start tries again.
+   */
+  reconnected?(): Promise<void>;
   /** Where it listens, for the start banner (the HTTP server's URL). */
   readonly url?: string;
   /** Unbinds: takes nothing new, finishes what is in hand within the grace. */

@@ -22,6 +22,8 @@ export interface LiveView extends ViewBucket {
   readonly loaded: Promise<void>;
   /** The stream sequence of the last record the view applied. */
   readonly sequence: () => number;
+  /** Why the view cannot serve from memory now (it is loading its bucket again); none when it can. */
+  trouble(): string | undefined;
   /** Stops the watch; reads go to the server from then on. */
   stop(): void;
 }
@@ -147,6 +149,7 @@ export async function openView(
     loaded: first.loaded,
     local,
     sequence: () => current!.applied,
+    trouble: () => (resync.reloading() ? `the view of bucket ${bucket} is loading it again; reads go to the server meanwhile` : undefined),
     stop: () => {
       stopped = true;
       resync.stop();
