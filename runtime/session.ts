@@ -121,6 +121,9 @@ export function withoutPassword(url: string): string {
   return userinfo === undefined ? url : `${scheme}***@${rest}`;
 }
 
+/** How often the connection pings its server, in milliseconds; two pings unanswered and it reconnects. */
+export const PING_MS = 5000;
+
 /**
  * Connects to `servers` (5 s for the first connection, then reconnecting for ever), with replies
  * on `_INBOX.<user>` (the user's own inbox, {@link inboxOf}) unless `inboxPrefix` says. Throws,
@@ -146,6 +149,9 @@ export async function connectTo(servers: readonly string[], options: Partial<Con
       inboxPrefix,
       noAsyncTraces: true,
       ignoreAuthErrorAbort: true,
+      // A hung server is noticed within seconds (nats.js's default waits 2 minutes, twice).
+      pingInterval: PING_MS,
+      maxPingOut: 2,
       ...options,
     });
   } catch (err) {

@@ -19,6 +19,9 @@ import { KINDS, kindOf } from "./triggers/index.ts";
 import { targetsOf, type BindEnv, type Binding } from "./triggers/kind.ts";
 import type { Clock } from "./types.ts";
 
+/** How long a round trip to the server may take before the set says NATS does not answer, in milliseconds. */
+const ROUND_TRIP_MS = 2000;
+
 /** How long stopping waits for the requests in hand to be answered, in milliseconds. */
 export const STOP_GRACE_MS = 10_000;
 
@@ -77,6 +80,7 @@ export async function start(options: StartOptions): Promise<Running> {
   const stop = () =>
     (stopping ??= (async () => {
       log.info("stopping");
+      clearInterval(roundTrips);
       // Requests in hand, over NATS and HTTP, are answered for at most the grace.
       await Promise.all(bindings.map((binding) => binding.stop()));
       runner?.close();
@@ -108,11 +112,32 @@ export async function start(options: StartOptions): Promise<Running> {
         }
       }
     })().finally(() => (reasserting = undefined)));
+  // A server that holds the connection but answers nothing (hung, stopped): the round trip the set
+  // depends on, timed every second.
+  let unanswered: string | undefined;
+  const roundTrips = setInterval(() => {
+    if (stopping || !connected || lost !== undefined) return;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((resolve) => (timer = setTimeout(resolve, ROUND_TRIP_MS, "late")));
+    void Promise.race([session.nc.flush().then(() => "answered" as const), late])
+      .then((result) => {
+        if (result === "late") {
+          if (unanswered === undefined) log.warn({ ms: ROUND_TRIP_MS }, "NATS does not answer a round trip");
+          unanswered = `NATS does not answer: no round trip within ${ROUND_TRIP_MS / 1000} s`;
+        } else if (unanswered !== undefined) {
+          unanswered = undefined;
+          log.info("NATS answers again");
+        }
+      })
+      .catch(() => {})
+      .finally(() => clearTimeout(timer));
+  }, 1000);
+  roundTrips.unref();
   // Subscriptions the server refused: their triggers take nothing until the seat may subscribe.
   const refusedSubscriptions = new Set<string>();
   const readiness = () => [
     ...(stopping ? ["stopping"] : bound ? [] : ["starting: not every trigger is bound yet"]),
-    ...(lost !== undefined ? [lost] : connected ? [] : ["not connected to NATS: reconnecting"]),
+    ...(lost !== undefined ? [lost] : connected ? (unanswered === undefined ? [] : [unanswered]) : ["not connected to NATS: reconnecting"]),
     ...(reasserting === undefined
       ? []
       : [`reconnected: asserting the buckets and streams again${reassertFailed ? ` (${reassertFailed})` : ""}`]),
@@ -168,7 +193,7 @@ export async function start(options: StartOptions): Promise<Running> {
       probes: {
         live: () => (lost === undefined ? [] : [lost]),
         ready: readiness,
-        bus: () => lost ?? (connected ? undefined : "NATS is unreachable: the set is reconnecting"),
+        bus: () => lost ?? (connected ? unanswered : "NATS is unreachable: the set is reconnecting"),
       },
       metrics: async () => ({ text: await opened.metrics.registry.metrics(), contentType: opened.metrics.registry.contentType }),
     };

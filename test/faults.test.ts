@@ -185,3 +185,31 @@ describe("a server back with an empty store", () => {
     }
   }, 90_000);
 });
+
+describe("a hung server (SIGSTOP)", () => {
+  it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
+    const hung = await testBus();
+    const running = await startSet(hung);
+    try {
+      const stoppedAt = Date.now();
+      process.kill(hung.server.pid, "SIGSTOP");
+      try {
+        await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 503, 10_000, "not ready");
+        expect(Date.now() - stoppedAt).toBeLessThan(10_000);
+        const body = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons: string[] };
+        expect(body.reasons.join("; ")).toMatch(/NATS does not answer|not connected to NATS/);
+        const began = Date.now();
+        const answer = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder`);
+        expect(answer.status).toBe(503);
+        expect(Date.now() - began).toBeLessThan(1000);
+      } finally {
+        process.kill(hung.server.pid, "SIGCONT");
+      }
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 30_000, "ready again");
+      expect((await fetch(`${running.httpUrl}/provisioning?what=registry&kind=port`)).status).toBe(200);
+    } finally {
+      await running.stop();
+      await hung.stop();
+    }
+  }, 60_000);
+});
