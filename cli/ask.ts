@@ -41,7 +41,7 @@ export async function askAll(nc: NatsConnection, request: Record<string, unknown
     entries.push(...page.entries);
     outOfShape.push(...page.outOfShape);
   }
-  return { what: page.what, entries, outOfShape };
+  return { what: page.what, entries, outOfShape, ...(page.confirmedAt !== undefined ? { confirmedAt: page.confirmedAt } : {}) };
 }
 
 /** The help of the `what` argument: every `what`, `registry, needs, applied or collect`. */
@@ -100,5 +100,6 @@ export function formatAnswer(answer: Answer): string {
     );
   }
   if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
+  if (answer.confirmedAt !== undefined) lines.push("", `from memory: last confirmed current ${answer.confirmedAt ?? "never"}`);
   return lines.join("\n");
 }

@@ -79,6 +79,7 @@ for (const option of narrowingOptions()) ask.addOption(option);
 ask
   .addOption(new Option("--limit <n>", "ask one page of at most n entries").argParser(positive))
   .option("--cursor <cursor>", "ask the page after this cursor (the `next` of a page)")
+  .option("--stale", "answer from the live view without asking the server whether it is current (says when it last was)")
   .option("--json", "print the answer as JSON")
   .action(async (what: string, options: Record<string, unknown>) => {
     const { json, ...fields } = options;

@@ -11,7 +11,12 @@ export default defineFunction({
   handler: async (request, ctx) => {
     const cursors = cursorsOf(request);
     // One more than the page holds, to know whether keys remain.
-    const reached = await ctx.views[request.what].list(requestFilters(request), { after: cursors.after, limit: request.limit + 1 });
-    return answerPage(request, reached, ctx.limits.maxPayload, cursors);
+    const view = ctx.views[request.what];
+    // `stale`: what the view holds now, without asking the server, and since when it is known current.
+    const reached = await (request.stale ? view.local : view).list(requestFilters(request), {
+      after: cursors.after,
+      limit: request.limit + 1,
+    });
+    return answerPage(request, reached, ctx.limits.maxPayload, cursors, request.stale ? view.confirmedAt() : undefined);
   },
 });

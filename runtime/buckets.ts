@@ -3,7 +3,7 @@
  * per filter (asked again when the server does not answer), and compare-and-set writes whose
  * lost race is a `RevisionConflict`. The storage layer's lowest part (docs/runtime.md §6).
  */
-import { headers, type JetStreamClient, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
+import { headers, type JetStreamClient, type NatsConnection, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
 import { RevisionConflict } from "./errors.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, WriteBucket } from "./types.ts";
 
@@ -115,39 +115,98 @@ export function filterList(bucket: string, filters: string | readonly string[]):
   return (typeof filters === "string" ? [filters] : [...new Set(filters)]).map((f) => checkedKey(bucket, f));
 }
 
+/** Milliseconds a watch's records are waited for before the stream's gets are asked too (see {@link scan}). */
+export const SCAN_AFTER_MS = 2000;
+
+/**
+ * The last records of every key matching `filter`, got one by one from the stream (its leader's
+ * get of the next message of the filter's subjects, `$JS.API.STREAM.MSG.GET.KV_<bucket>`): no
+ * consumer, so no server is asked to place one. One request per record: for when a watch's
+ * consumer cannot be made in time (nats-server before 2.11 may place it on a server that is down,
+ * nats-server#7165).
+ */
+export async function scan(nc: NatsConnection, bucket: string, filter: string, deleted: boolean): Promise<KeyRecord[]> {
+  const prefix = `$KV.${bucket}.`;
+  const found = new Map<string, KeyRecord>();
+  for (let seq = 1; ;) {
+    const reply = await nc.request(`$JS.API.STREAM.MSG.GET.KV_${bucket}`, JSON.stringify({ seq, next_by_subj: `${prefix}${filter}` }), {
+      timeout: 5000,
+    });
+    const answer = reply.json() as {
+      error?: { code?: number; description?: string };
+      message?: { subject: string; seq: number; hdrs?: string; data?: string; time: string };
+    };
+    if (answer.error?.code === 404) break;
+    if (answer.message === undefined) throw new Error(`${bucket}: ${answer.error?.description ?? "no message in the stream's answer"}`);
+    const { subject, seq: at, hdrs, data, time } = answer.message;
+    const operation = hdrs === undefined ? undefined : /KV-Operation:\s*(\w+)/i.exec(Buffer.from(hdrs, "base64").toString("utf8"))?.[1];
+    const key = subject.slice(prefix.length);
+    const value = data === undefined ? new Uint8Array() : new Uint8Array(Buffer.from(data, "base64"));
+    found.set(key, { key, value, revision: at, created: new Date(time), deleted: operation === "DEL" || operation === "PURGE" });
+    seq = at + 1;
+  }
+  return [...found.values()].filter((record) => deleted || !record.deleted);
+}
+
+/**
+ * The last records of one filter: a watch's, or, when it has given none within
+ * {@link SCAN_AFTER_MS} and `nc` is given, the stream's gets ({@link scan}), whichever ends first.
+ */
+async function readOne(kv: KV, nc: NatsConnection | undefined, bucket: string, filter: string, deleted: boolean): Promise<KeyRecord[]> {
+  const watched = watchOnce(kv, filter, deleted);
+  if (nc === undefined) return watched;
+  let timer: NodeJS.Timeout | undefined;
+  const scanned = new Promise<KeyRecord[]>((resolve, reject) => {
+    timer = setTimeout(() => scan(nc, bucket, filter, deleted).then(resolve, reject), SCAN_AFTER_MS);
+  });
+  watched.catch(() => {});
+  scanned.catch(() => {});
+  try {
+    return await Promise.any([watched, scanned]);
+  } catch (err) {
+    throw (err as AggregateError).errors?.[0] ?? err;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** The last records of every key matching any of `filters`, in key order, narrowed by `options`. */
 async function read(
   kv: KV,
+  nc: NatsConnection | undefined,
   bucket: string,
   filters: string | readonly string[],
   deleted: boolean,
   options: ListOptions = {},
 ): Promise<KeyRecord[]> {
-  const parts = await Promise.all(filterList(bucket, filters).map((filter) => watchOnce(kv, filter, deleted)));
+  const parts = await Promise.all(filterList(bucket, filters).map((filter) => readOne(kv, nc, bucket, filter, deleted)));
   const unique = new Map<string, KeyRecord>();
   for (const entry of parts.flat()) if (options.after === undefined || entry.key > options.after) unique.set(entry.key, entry);
   return [...unique.values()].sort(byKey).slice(0, options.limit ?? Infinity);
 }
 
-/** A read handle over an opened key-value bucket. */
-export function readBucket(kv: KV, bucket: string): ReadBucket {
+/**
+ * A read handle over an opened key-value bucket. With `nc` (the connection it was opened on), a listing whose watch gives nothing
+ * within {@link SCAN_AFTER_MS} is also read by the stream's gets ({@link scan}).
+ */
+export function readBucket(kv: KV, bucket: string, nc?: NatsConnection): ReadBucket {
   return Object.freeze({
     bucket,
     async get(key: string) {
       return live(await kv.get(checkedKey(bucket, key)));
     },
     async list(filters: string | readonly string[], options?: ListOptions) {
-      return (await read(kv, bucket, filters, false, options)).map(({ deleted: _, ...entry }) => entry);
+      return (await read(kv, nc, bucket, filters, false, options)).map(({ deleted: _, ...entry }) => entry);
     },
     async last(key: string) {
       return recordOf(await kv.get(checkedKey(bucket, key)));
     },
-    records: (filters: string | readonly string[], options?: ListOptions) => read(kv, bucket, filters, true, options),
+    records: (filters: string | readonly string[], options?: ListOptions) => read(kv, nc, bucket, filters, true, options),
   });
 }
 
 /** A write handle: the reads of {@link readBucket} plus compare-and-set writes. */
-export function writeBucket(kv: KV, js: JetStreamClient, bucket: string): WriteBucket {
+export function writeBucket(kv: KV, js: JetStreamClient, bucket: string, nc?: NatsConnection): WriteBucket {
   const conflictOr = async <T>(key: string, write: () => Promise<T>): Promise<T> => {
     checkedKey(bucket, key);
     try {
@@ -159,7 +218,7 @@ export function writeBucket(kv: KV, js: JetStreamClient, bucket: string): WriteB
     }
   };
   return Object.freeze({
-    ...readBucket(kv, bucket),
+    ...readBucket(kv, bucket, nc),
     create: (key: string, value: Uint8Array | string) => conflictOr(key, () => kv.create(key, value)),
     update: (key: string, value: Uint8Array | string, revision: number) =>
       conflictOr(key, () => kv.put(key, value, { previousSeq: revision })),

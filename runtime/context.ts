@@ -8,7 +8,7 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { Config } from "./config.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
-import { AccessError } from "./errors.ts";
+import { AccessError, ServiceError } from "./errors.ts";
 import { declareMetric, type Metrics } from "./metrics.ts";
 import type { Storage } from "./storage.ts";
 import { subjectMatches } from "./subjects.ts";
@@ -48,6 +48,11 @@ export interface ContextOptions {
   readonly storage: Storage;
   /** Where the functions' declared metrics are registered. */
   readonly metrics: Metrics;
+  /**
+   * Why NATS cannot be reached now (away, or not answering); none while it can. A view's reads
+   * that would ask the server refuse at once with a 503 saying so; its `local` reads still answer.
+   */
+  readonly unreachable?: () => string | undefined;
 }
 
 /** The contexts of a function set. */
@@ -66,7 +71,7 @@ export interface Contexts {
 }
 
 /** The context maker of a function set, over its storage and metrics registry. */
-export function contexts({ nc, config, log, clock, storage, metrics }: ContextOptions): Contexts {
+export function contexts({ nc, config, log, clock, storage, metrics, unreachable = () => undefined }: ContextOptions): Contexts {
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
   const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
@@ -87,7 +92,20 @@ export function contexts({ nc, config, log, clock, storage, metrics }: ContextOp
     const live: Record<string, ViewBucket> = {};
     for (const name of access?.views ?? []) {
       const view = storage.view(name);
-      live[name] = { ...readOnly(fn.name, view), local: readOnly(fn.name, view.local) };
+      const checked = readOnly(fn.name, view);
+      const reachable = <T>(read: () => Promise<T>): Promise<T> => {
+        const away = unreachable();
+        return away === undefined ? read() : Promise.reject(new ServiceError(503, away));
+      };
+      live[name] = {
+        ...checked,
+        get: (key) => reachable(() => checked.get(key)),
+        last: (key) => reachable(() => checked.last(key)),
+        list: (filters, options) => reachable(() => checked.list(filters, options)),
+        records: (filters, options) => reachable(() => checked.records(filters, options)),
+        local: readOnly(fn.name, view.local),
+        confirmedAt: () => view.confirmedAt(),
+      };
     }
     const publishes = access?.publishes ?? [];
     const fnLog = log.child({ function: fn.name });

@@ -50,6 +50,8 @@ export interface RunnerOptions {
   readonly clock?: Clock;
   /** The functions whose `access.views` are kept live and whose metrics are declared; none when absent. */
   readonly functions?: readonly LoadedFunction[];
+  /** Why NATS cannot be reached now; the views' server reads refuse with a 503 meanwhile (context.ts). */
+  readonly unreachable?: () => string | undefined;
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
@@ -73,7 +75,14 @@ const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn
  * (docs/buckets.md §2.4), declares every function's metrics (so they are on `GET /metrics`
  * before a first run), then runs functions. Throws when a bucket or view cannot be opened.
  */
-export async function openRunner({ nc, config, log, clock = { now: () => new Date() }, functions = [] }: RunnerOptions): Promise<Runner> {
+export async function openRunner({
+  nc,
+  config,
+  log,
+  clock = { now: () => new Date() },
+  functions = [],
+  unreachable,
+}: RunnerOptions): Promise<Runner> {
   const storage = await openStorage(
     nc,
     config,
@@ -82,7 +91,7 @@ export async function openRunner({ nc, config, log, clock = { now: () => new Dat
   );
   const { records } = storage;
   const metrics = createMetrics();
-  const { of: context, prepare } = contexts({ nc, config, log, clock, storage, metrics });
+  const { of: context, prepare } = contexts({ nc, config, log, clock, storage, metrics, unreachable });
   for (const fn of functions) {
     prepare(fn);
     // Counted from 0, so the series is on `GET /metrics` before any refusal.

@@ -133,6 +133,8 @@ export async function start(options: StartOptions): Promise<Running> {
       .finally(() => clearTimeout(timer));
   }, 1000);
   roundTrips.unref();
+  /** Why NATS cannot be reached now: the connection closed, away, or not answering; none while it answers. */
+  const unreachable = () => lost ?? (connected ? unanswered : "NATS is unreachable: the set is reconnecting");
   // Subscriptions the server refused: their triggers take nothing until the seat may subscribe.
   const refusedSubscriptions = new Set<string>();
   const readiness = () => [
@@ -179,7 +181,7 @@ export async function start(options: StartOptions): Promise<Running> {
     })();
   };
   try {
-    const opened = await openRunner({ nc: session.nc, config, log, clock: options.clock, functions });
+    const opened = await openRunner({ nc: session.nc, config, log, clock: options.clock, functions, unreachable });
     runner = opened;
     watchConnection(opened.metrics);
     const env: BindEnv<LoadedFunction> = {
@@ -193,7 +195,6 @@ export async function start(options: StartOptions): Promise<Running> {
       probes: {
         live: () => (lost === undefined ? [] : [lost]),
         ready: readiness,
-        bus: () => lost ?? (connected ? unanswered : "NATS is unreachable: the set is reconnecting"),
       },
       metrics: async () => ({ text: await opened.metrics.registry.metrics(), contentType: opened.metrics.registry.contentType }),
     };

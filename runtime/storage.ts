@@ -41,7 +41,7 @@ export interface Storage {
 export async function openStorage(nc: NatsConnection, config: Config, log: Logger, viewed: readonly string[]): Promise<Storage> {
   const kvs = await assertBuckets(nc, config, log);
   const js = nc.jetstream();
-  const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket);
+  const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket, nc);
   const views = new Map<string, LiveView>();
   try {
     await Promise.all(
@@ -57,8 +57,8 @@ export async function openStorage(nc: NatsConnection, config: Config, log: Logge
   }
   return {
     read,
-    write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket),
-    view: (name) => views.get(name) ?? { ...read(name), local: read(name) },
+    write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
+    view: (name) => views.get(name) ?? { ...read(name), local: read(name), confirmedAt: () => new Date() },
     records: recorder(
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),

@@ -77,6 +77,12 @@ export interface ViewBucket extends ReadBucket {
    * whose write based on a stale revision fails and can be decided again.
    */
   readonly local: ReadBucket;
+  /**
+   * When the view was last confirmed to hold every write acknowledged before (a read that asked
+   * the server found it current); `null` before any. A handle that reads the server each time
+   * says now.
+   */
+  confirmedAt(): Date | null;
 }
 
 /** The clock a function reads time from; tests may hand in their own. */

@@ -191,6 +191,9 @@ describe("a hung server (SIGSTOP)", () => {
     const hung = await testBus();
     const running = await startSet(hung);
     try {
+      await (await hung.kv("needs", "alder")).put("alder.zsh.shell.zsh/normal", '"held in memory"');
+      const asked = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder`);
+      expect(asked.status).toBe(200);
       const stoppedAt = Date.now();
       process.kill(hung.server.pid, "SIGSTOP");
       try {
@@ -202,6 +205,13 @@ describe("a hung server (SIGSTOP)", () => {
         const answer = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder`);
         expect(answer.status).toBe(503);
         expect(Date.now() - began).toBeLessThan(1000);
+        // The reader's choice: what the view holds, and when it was last confirmed current.
+        const stale = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder&stale=true`);
+        expect(stale.status).toBe(200);
+        const held = (await stale.json()) as { entries: { key: string }[]; confirmedAt: string };
+        expect(held.entries.map((e) => e.key)).toEqual(["alder.zsh.shell.zsh/normal"]);
+        expect(Date.parse(held.confirmedAt)).toBeGreaterThanOrEqual(stoppedAt - 60_000);
+        expect(Date.parse(held.confirmedAt)).toBeLessThanOrEqual(stoppedAt);
       } finally {
         process.kill(hung.server.pid, "SIGCONT");
       }

@@ -232,6 +232,7 @@ describe("refusals", () => {
     ["a limit of 0", { what: "needs", limit: 0 }, "limit:"],
     ["a cursor not issued here", { what: "needs", cursor: "bm90IGEgY3Vyc29y" }, "cursor: not a cursor of this verb"],
     ["a node of 257 characters", { what: "needs", node: "a".repeat(257) }, "node: must be at most 256 characters"],
+    ["a stale that is not true or false", { what: "needs", stale: "maybe" }, "stale: must be true or false"],
     [
       "a collection whose key token would be too long",
       { what: "collect", collection: "é".repeat(200) },

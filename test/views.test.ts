@@ -2,7 +2,7 @@ import fc from "fast-check";
 import { pino } from "pino";
 import type { KV, NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { readBucket, writeBucket } from "../runtime/buckets.ts";
+import { readBucket, scan, writeBucket } from "../runtime/buckets.ts";
 import type { ReadBucket, WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
@@ -166,5 +166,24 @@ describe("a live view and what the key-value layer does not say", () => {
     } finally {
       watched.stop();
     }
+  });
+});
+
+describe("a listing by the stream's gets, without a consumer", () => {
+  it("gives the same last records as a watch, delete markers included, narrowed by a filter", async () => {
+    const name = "mesh-provisioner_scan-probe";
+    const plain = await seat.jetstream().views.kv(name, { history: 1 });
+    const handle = writeBucket(plain, seat.jetstream(), name);
+    await handle.put("a.x", "1");
+    await handle.put("a.y", "2");
+    await handle.put("a.x", "3");
+    await handle.put("b.z", "4");
+    await handle.delete("a.y");
+    const shown = (records: { key: string; value: Uint8Array; deleted: boolean; revision: number }[]) =>
+      records.map((r) => [r.key, new TextDecoder().decode(r.value), r.deleted, r.revision]).sort();
+    const watched = await readBucket(plain, name).records(">");
+    expect(shown(await scan(seat, name, ">", true))).toEqual(shown(watched));
+    expect(shown(await scan(seat, name, "a.>", false))).toEqual([["a.x", "3", false, 3]]);
+    expect(await scan(seat, name, "none.>", true)).toEqual([]);
   });
 });

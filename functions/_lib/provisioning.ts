@@ -74,6 +74,10 @@ export const provisioningRequest = z
     ...narrowingFields,
     limit: count.default(DEFAULT_LIMIT),
     cursor: z.string().min(1).optional(),
+    // Answer from the live view without asking the server whether it is current (docs/verb.md §4.6).
+    stale: z
+      .union([z.boolean(), z.enum(["true", "false"]).transform((text) => text === "true")], { error: "must be true or false" })
+      .optional(),
   })
   .superRefine((request, ctx) => {
     const applies = narrowingsOf(request.what);
@@ -105,6 +109,8 @@ const ANSWER_MEMBERS = {
   // Each a key the narrowing reached that is not an entry, and why.
   outOfShape: z.array(z.object({ key: z.string(), reason: z.string() })),
   next: z.string().optional(),
+  // With `stale`: when the view was last confirmed current (RFC 3339), or null if never.
+  confirmedAt: z.string().nullable().optional(),
 };
 
 /** An answer page as a schema, for the service's description of it ($SRV.INFO). */
@@ -276,13 +282,15 @@ export function answerPage(
   reached: readonly Entry[],
   maxPayload: number,
   cursors: Cursors = cursorsOf(request),
+  confirmedAt?: Date | null,
 ): JsonText {
+  const confirmed = confirmedAt === undefined ? {} : { confirmedAt: JSON.stringify(confirmedAt?.toISOString() ?? null) };
   const { after } = cursors;
   const rows = after === undefined ? reached : reached.filter((e) => e.key > after);
   const budget = maxPayload - HEADROOM;
   const entries: string[] = [];
   const outOfShapes: string[] = [];
-  let size = Buffer.byteLength(answerText(emptyPage(request.what)));
+  let size = Buffer.byteLength(answerText({ ...emptyPage(request.what), ...confirmed }));
   let taken = 0;
   for (const row of rows) {
     if (taken === request.limit) break;
@@ -304,6 +312,7 @@ export function answerPage(
       entries: `[${entries.join(",")}]`,
       outOfShape: `[${outOfShapes.join(",")}]`,
       ...(taken < rows.length ? { next: JSON.stringify(cursors.next(rows[taken - 1]!.key)) } : {}),
+      ...confirmed,
     }),
   );
 }

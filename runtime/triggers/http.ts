@@ -44,8 +44,7 @@ const jsonType = () => ({ "content-type": "application/json" });
 
 /**
  * One Hono app with a route per trigger. Answers are JSON; a refusal has the status of its code
- * and the body of docs/verb.md §4; while NATS is unreachable (`probes.bus`), a route answers a 503
- * at once saying so; an unknown route is a JSON 404. Besides, `GET /healthz`
+ * and the body of docs/verb.md §4; an unknown route is a JSON 404. Besides, `GET /healthz`
  * answers 200 `{ ok: true }`, or 503 `{ ok: false, reasons }` with what `probes.live` says;
  * `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }` with what
  * `probes.ready` says is missing; and `GET /metrics` the metrics in Prometheus's text format.
@@ -70,9 +69,6 @@ export function httpApp<F extends FunctionRef>(
   for (const { fn, trigger } of targets) {
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
-      // Every function reads or writes through NATS: while it is away, say so at once.
-      const away = env.probes.bus();
-      if (away !== undefined) return c.body(errorBody(503, away), 503, jsonType());
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
       if (outcome.ok) return c.body(jsonOf(outcome.value), 200, jsonType());
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());

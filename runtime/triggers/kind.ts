@@ -48,8 +48,6 @@ export interface Probes {
   live(): string[];
   /** Why the set cannot serve yet, or for now. */
   ready(): string[];
-  /** Why NATS cannot be reached now (the connection is away or closed); none while it is up. */
-  bus(): string | undefined;
 }
 
 /** What a run says of its trigger (`ctx.trigger`): a `kind`, and the kind's own fields. */

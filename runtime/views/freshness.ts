@@ -96,6 +96,8 @@ export interface CatchUp {
    * Never rejects.
    */
   caughtUp(): Promise<boolean>;
+  /** When the view was last known to hold every write acknowledged before (a read found it current); `null` before any. */
+  confirmedAt(): Date | null;
   /** The view now holds every record up to stream sequence `sequence`: the reads waiting for no more go on. */
   reached(sequence: number): void;
   /** Every waiting read gives up, with `false`. */
@@ -121,7 +123,13 @@ export function catchUp({
   log: Logger;
 }): CatchUp {
   const waiters = new Set<{ target: number; done: (reached: boolean) => void }>();
+  let confirmed: Date | null = null;
+  const confirm = (reached: boolean) => {
+    if (reached) confirmed = new Date();
+    return reached;
+  };
   return {
+    confirmedAt: () => confirmed,
     async caughtUp() {
       if (unavailable()) return false;
       let wanted: number;
@@ -131,14 +139,14 @@ export function catchUp({
         log.warn({ bucket, err }, "cannot tell whether the view is current; reading from the server");
         return false;
       }
-      if (wanted <= applied()) return true;
+      if (wanted <= applied()) return confirm(true);
       return new Promise<boolean>((resolve) => {
         const waiter = {
           target: wanted,
           done: (reached: boolean) => {
             clearTimeout(timer);
             waiters.delete(waiter);
-            resolve(reached);
+            resolve(confirm(reached));
           },
         };
         const timer = setTimeout(() => {

@@ -149,6 +149,7 @@ export async function openView(
     loaded: first.loaded,
     local,
     sequence: () => current!.applied,
+    confirmedAt: () => fresh.confirmedAt(),
     trouble: () => (resync.reloading() ? `the view of bucket ${bucket} is loading it again; reads go to the server meanwhile` : undefined),
     stop: () => {
       stopped = true;
