@@ -179,7 +179,12 @@ export async function assertStreams(
         await jsm.streams.update(stream, { ...info.config, subjects: [...info.config.subjects, ...missing] });
       }
     } catch (err) {
-      throw new Error(`cannot assert stream ${stream} (for ${subjects.join(", ")}): ${(err as Error).message}`, { cause: err });
+      const message = (err as Error).message;
+      // The server cannot reserve the stream's bytes: say which setting asks for them.
+      const reserve = /insufficient|resources/i.test(message)
+        ? ` (the config's streams.${name}.maxBytes asks the server to reserve ${maxBytes} bytes: lower it, or give JetStream more storage)`
+        : "";
+      throw new Error(`cannot assert stream ${stream} (for ${subjects.join(", ")}): ${message}${reserve}`, { cause: err });
     }
   }
 }

@@ -582,6 +582,34 @@ describe("the config", () => {
     }
   });
 
+  it("names streams.<name>.maxBytes when the server cannot reserve the events stream", async () => {
+    const config = await projectConfig();
+    const dir = mkdtempSync(join(TMP, "small-store-"));
+    folders.push(dir);
+    const server = await spawnNatsServer({
+      conf: {
+        jetstream: { store_dir: join(dir, "store"), max_file_store: 64 * 1024 * 1024 },
+        authorization: { users: [{ user: "seat", password: "pw" }] },
+      },
+      confFile: join(dir, "small.conf"),
+    });
+    try {
+      const failure = await start({
+        config: {
+          ...config,
+          nats: { servers: [server.url], user: "seat", password: "pw" },
+          http: { host: "127.0.0.1", port: 0 },
+          state: join(dir, "state"),
+        },
+      }).catch((e: unknown) => e);
+      expect((failure as Error).message).toMatch(
+        /^cannot assert stream mesh-provisioner_events .*\(the config's streams\.events\.maxBytes asks the server to reserve 1073741824 bytes: lower it, or give JetStream more storage\)$/,
+      );
+    } finally {
+      await server.stop();
+    }
+  });
+
   it("refuses a top-level field no function reads", async () => {
     const dir = functionsFolder({ "echo.ts": ECHO });
     const failure = await start({ config: { ...configFor(dir), registy: [] } as Config }).catch((e: unknown) => e);
