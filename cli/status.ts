@@ -1,6 +1,7 @@
 import type { NatsConnection } from "nats";
+import prettyBytes from "pretty-bytes";
 import prettyMilliseconds from "pretty-ms";
-import { STATUS, type Status } from "../functions/_lib/status.ts";
+import { STATUS, type Events, type Status } from "../functions/_lib/status.ts";
 import { askVerb, shown, table } from "./ask.ts";
 
 /** Asks `mesh-provisioner.status` once (docs/failing.md §5) with a narrowing. */
@@ -21,7 +22,9 @@ const WIDEST_WORD = 80;
 export function formatStatus(status: Status, now: Date): string {
   const lines: string[] = [];
   const failing = status.failing.length + status.omitted + status.outOfShape.length;
-  lines.push(status.well ? "WELL: nothing fails" : `NOT WELL: ${failing} failing`);
+  const notWell = [...(failing > 0 ? [`${failing} failing`] : []), ...(status.events.recording ? [] : ["events cannot be recorded"])];
+  lines.push(status.well ? "WELL: nothing fails" : `NOT WELL: ${notWell.join("; ") || "see below"}`);
+  if (!status.events.recording) lines.push(`events: ${status.events.reason}`);
   if (status.failing.length > 0) {
     lines.push(
       "",
@@ -44,6 +47,26 @@ export function formatStatus(status: Status, now: Date): string {
     "",
     `registry: ${kinds.length} kinds, ${compiledAt === null ? "never compiled" : `compiled ${failingFor(compiledAt, now)} ago (${compiledAt})`}`,
     `rejected events: ${status.rejectedEvents}`,
+    ...eventLines(status.events),
   );
   return lines.join("\n");
+}
+
+/** The events stream and the account against their limits, and what the follower has not handled yet. */
+function eventLines(events: Events): string[] {
+  const bytes = (n: number) => prettyBytes(n, { binary: true });
+  const of = (use: { bytes: number; maxBytes: number | null }, none: string) =>
+    use.maxBytes === null ? `${bytes(use.bytes)} (${none})` : `${bytes(use.bytes)} of ${bytes(use.maxBytes)}`;
+  const { stream, account, pending, unacknowledged, ackWaitSeconds } = events;
+  return [
+    ...(stream === null ? [] : [`events stream ${stream.name}: ${stream.messages} events, ${of(stream, "no limit")}`]),
+    ...(account === null ? [] : [`account storage: ${of(account, "no limit of its own: the server's applies")}`]),
+    ...(pending > 0 ? [`${pending} events not handled yet`] : []),
+    ...(unacknowledged > 0
+      ? [
+          `${unacknowledged} events delivered to a replica and not acknowledged yet: not in status until handled` +
+            (ackWaitSeconds === null ? "" : ` (a replica that stopped holds them for up to ${ackWaitSeconds} s)`),
+        ]
+      : []),
+  ];
 }

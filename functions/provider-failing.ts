@@ -1,10 +1,10 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, notAhead, failingEvent, providerOf } from "./_lib/follower.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, failingEvent, providerOf } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({
   description: "Follows <provider>.provisioner.failing: keeps the newest failing word per provider, machine and consumer.",
-  triggers: [{ event: "*.provisioner.failing", stream: "events" }],
+  triggers: [{ event: "*.provisioner.failing", stream: EVENTS_STREAM }],
   input: failingEvent,
   access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {

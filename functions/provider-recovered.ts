@@ -1,10 +1,10 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, notAhead, providerOf, recoveredEvent } from "./_lib/follower.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, providerOf, recoveredEvent } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({
   description: "Follows <provider>.provisioner.recovered: removes a failing older than the recovery.",
-  triggers: [{ event: "*.provisioner.recovered", stream: "events" }],
+  triggers: [{ event: "*.provisioner.recovered", stream: EVENTS_STREAM }],
   input: recoveredEvent,
   access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {

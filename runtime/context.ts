@@ -12,7 +12,7 @@ import { AccessError, ServiceError } from "./errors.ts";
 import { declareMetric, type Metrics } from "./metrics.ts";
 import type { Storage } from "./storage.ts";
 import { subjectMatches } from "./subjects.ts";
-import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, ViewBucket, WriteBucket } from "./types.ts";
+import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, StoreUse, ViewBucket, WriteBucket } from "./types.ts";
 
 /** A read handle that refuses, naming the function and bucket, any write tried through it. */
 function readOnly(fn: string, handle: ReadBucket): ReadBucket {
@@ -53,6 +53,8 @@ export interface ContextOptions {
    * that would ask the server refuse at once with a 503 saying so; its `local` reads still answer.
    */
   readonly unreachable?: () => string | undefined;
+  /** What JetStream stores for the set now (`ctx.runtime.store()`). */
+  readonly store: () => StoreUse;
 }
 
 /** The contexts of a function set. */
@@ -71,10 +73,10 @@ export interface Contexts {
 }
 
 /** The context maker of a function set, over its storage and metrics registry. */
-export function contexts({ nc, config, log, clock, storage, metrics, unreachable = () => undefined }: ContextOptions): Contexts {
+export function contexts({ nc, config, log, clock, storage, metrics, store, unreachable = () => undefined }: ContextOptions): Contexts {
   type Shared = Omit<AnyContext, "trigger">;
   const perFunction = new Map<LoadedFunction, Shared>();
-  const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents });
+  const runtime: RuntimeRecords = Object.freeze({ lastRun: storage.records.lastRun, refusedEvents: storage.records.refusedEvents, store });
   // Read at each use: a server the connection moves to, or one restarted, may have another.
   const limits = Object.freeze({
     get maxPayload() {

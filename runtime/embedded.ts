@@ -18,6 +18,8 @@ export interface EmbeddedOptions {
   readonly maxPayload?: number;
   /** The loopback port to listen on; when absent, the last start's if it is free, else a free one. */
   readonly port?: number;
+  /** JetStream's file storage limit (`max_file_store`) in bytes; the server's default (most of the disk) when absent. */
+  readonly maxFileStore?: number;
 }
 
 /** The embedded server, with the credentials of its users. */
@@ -114,7 +116,7 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
   adoptGlobalStore(join(stateDir, "jetstream"), seat);
   const conf = {
     server_name: `${seat}-embedded`,
-    jetstream: { store_dir: join(stateDir, "jetstream") },
+    jetstream: { store_dir: join(stateDir, "jetstream"), ...(options.maxFileStore ? { max_file_store: options.maxFileStore } : {}) },
     ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
     accounts: accountsOf(options.users, (user) => passwords[user]!),
   };

@@ -23,6 +23,8 @@ export type {
   RefusedEvents,
   Run,
   RuntimeRecords,
+  StoreUse,
+  StreamUse,
   ViewBucket,
   WriteBucket,
 } from "./types.ts";

@@ -5,7 +5,7 @@
  */
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Logger } from "pino";
-import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration } from "./types.ts";
+import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration, StoreUse } from "./types.ts";
 
 /** The runtime's Prometheus metrics, in a registry of their own (served on `GET /metrics`). */
 export interface Metrics {
@@ -32,6 +32,14 @@ export const RUNTIME_METRICS = [
   "events_refused_total",
   "nats_connected",
   "nats_reconnects_total",
+  "jetstream_storing",
+  "jetstream_account_storage_bytes",
+  "jetstream_account_max_storage_bytes",
+  "stream_bytes",
+  "stream_max_bytes",
+  "stream_messages",
+  "consumer_pending_messages",
+  "consumer_unacknowledged_messages",
 ] as const;
 
 /** Whether a function's metric name is, or would be read as, one of {@link RUNTIME_METRICS}. */
@@ -97,10 +105,64 @@ export function declareMetric(
   };
 }
 
-/** A new set of the runtime's metrics. */
-export function createMetrics(): Metrics {
+/**
+ * Gauges of what JetStream stores for the set (docs/runtime.md §6.11), read from `store()` at
+ * each scrape: whether it stores, the account's storage and limit, each stream's bytes, limit and
+ * messages, each durable's pending and unacknowledged messages.
+ */
+function storeGauges(registry: Registry, store: () => StoreUse): void {
+  const registers = [registry];
+  const each = (name: string, help: string, labelNames: string[], values: (use: StoreUse) => [Labels, number][]) =>
+    new Gauge({
+      name,
+      help,
+      labelNames,
+      registers,
+      collect() {
+        this.reset();
+        for (const [labels, value] of values(store())) this.set(labels as never, value);
+      },
+    });
+  each("jetstream_storing", "1 while JetStream stores the set's writes, 0 while it refuses them or does not answer", [], (use) =>
+    use.checkedAt === null ? [] : [[{}, use.refusing === null ? 1 : 0]],
+  );
+  each("jetstream_account_storage_bytes", "Bytes of JetStream file storage the seat's account uses", [], (use) =>
+    use.account === null ? [] : [[{}, use.account.bytes]],
+  );
+  each(
+    "jetstream_account_max_storage_bytes",
+    "The seat's account's JetStream file storage limit (absent: the server's applies)",
+    [],
+    (use) => (use.account?.maxBytes == null ? [] : [[{}, use.account.maxBytes]]),
+  );
+  const streams = (use: StoreUse) => Object.values(use.streams);
+  each("stream_bytes", "Bytes a stream the triggers use holds", ["stream"], (use) =>
+    streams(use).map((s) => [{ stream: s.stream }, s.bytes]),
+  );
+  each("stream_max_bytes", "A stream's limit in bytes (the oldest messages go beyond it)", ["stream"], (use) =>
+    streams(use).flatMap((s) => (s.maxBytes === null ? [] : [[{ stream: s.stream }, s.maxBytes] as [Labels, number]])),
+  );
+  each("stream_messages", "Messages a stream the triggers use holds", ["stream"], (use) =>
+    streams(use).map((s) => [{ stream: s.stream }, s.messages]),
+  );
+  const durables = (use: StoreUse, pick: (c: StoreUse["streams"][string]["consumers"][number]) => number): [Labels, number][] =>
+    streams(use).flatMap((s) => s.consumers.map((c) => [{ stream: s.stream, durable: c.durable }, pick(c)] as [Labels, number]));
+  each("consumer_pending_messages", "Messages of a stream not delivered yet to its durable consumer", ["stream", "durable"], (use) =>
+    durables(use, (c) => c.pending),
+  );
+  each(
+    "consumer_unacknowledged_messages",
+    "Messages delivered to a replica and not acknowledged yet (a replica that stopped holds them for the ack wait)",
+    ["stream", "durable"],
+    (use) => durables(use, (c) => c.unacknowledged),
+  );
+}
+
+/** A new set of the runtime's metrics; with `store`, the gauges of what JetStream stores. */
+export function createMetrics(store?: () => StoreUse): Metrics {
   const registry = new Registry();
   const registers = [registry];
+  if (store !== undefined) storeGauges(registry, store);
   const fnLabels = ["function", "trigger"] as const;
   return {
     registry,

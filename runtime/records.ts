@@ -9,7 +9,7 @@ import { keyedSerial } from "./serial.ts";
 import type { RefusedEvents, Run, RuntimeRecords, WriteBucket } from "./types.ts";
 
 /** The runtime's side of its records: what it writes, besides what functions read. */
-export interface Recorder extends RuntimeRecords {
+export interface Recorder extends Omit<RuntimeRecords, "store"> {
   /** Records a successful scheduled run of `fn` (key `ran.<fn>`). */
   ran(fn: string, run: Run): Promise<void>;
   /**

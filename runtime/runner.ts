@@ -15,7 +15,8 @@ import { JsonText } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
-import type { Clock, Outcome, RawInput, Refusal } from "./types.ts";
+import { watchCapacity } from "./capacity.ts";
+import type { Clock, Outcome, RawInput, Refusal, StoreUse, StreamUse } from "./types.ts";
 
 /** Runs the functions of a set on one connection, with their storage, metrics and records. */
 export interface Runner {
@@ -37,7 +38,7 @@ export interface Runner {
   run(fn: LoadedFunction, input: RawInput, trigger: TriggerInfo): Promise<Outcome>;
   /** Asserts the buckets again, creating what the server lost (docs/buckets.md §2.4). */
   reassert(): Promise<void>;
-  /** Why the runner cannot serve from memory now (views loading their bucket again). */
+  /** Why the runner cannot serve as it should now: views loading their bucket again, JetStream refusing writes or not answering them. */
   notReady(): string[];
   /** Stops the live views. */
   close(): void;
@@ -52,6 +53,8 @@ export interface RunnerOptions {
   readonly functions?: readonly LoadedFunction[];
   /** Why NATS cannot be reached now; the views' server reads refuse with a 503 meanwhile (context.ts). */
   readonly unreachable?: () => string | undefined;
+  /** The config's streams the triggers use, as the server last said (the event kind's binding reads them). */
+  readonly streams?: () => Readonly<Record<string, StreamUse>>;
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
@@ -81,7 +84,8 @@ export async function openRunner({
   log,
   clock = { now: () => new Date() },
   functions = [],
-  unreachable,
+  unreachable = () => undefined,
+  streams = () => ({}),
 }: RunnerOptions): Promise<Runner> {
   const storage = await openStorage(
     nc,
@@ -90,8 +94,20 @@ export async function openRunner({
     functions.flatMap((fn) => fn.definition.access?.views ?? []),
   );
   const { records } = storage;
-  const metrics = createMetrics();
-  const { of: context, prepare } = contexts({ nc, config, log, clock, storage, metrics, unreachable });
+  const capacity = watchCapacity(nc, config, log, () => unreachable() !== undefined);
+  const store = (): StoreUse => ({ ...capacity.state(), streams: streams() });
+  const metrics = createMetrics(store);
+  const { of: context, prepare } = contexts({
+    nc,
+    config,
+    log,
+    clock,
+    storage,
+    metrics,
+    store,
+    // JetStream that does not answer a write is not waited for either.
+    unreachable: () => unreachable() ?? capacity.unanswered(),
+  });
   for (const fn of functions) {
     prepare(fn);
     // Counted from 0, so the series is on `GET /metrics` before any refusal.
@@ -156,7 +172,24 @@ export async function openRunner({
     return recorded(fn, trigger, outcome);
   };
 
-  return { nc, config, log, records, metrics, context, run, reassert: storage.reassert, notReady: storage.notReady, close: storage.close };
+  return {
+    nc,
+    config,
+    log,
+    records,
+    metrics,
+    context,
+    run,
+    reassert: async () => {
+      await storage.reassert();
+      await capacity.probe();
+    },
+    notReady: () => [...storage.notReady(), ...capacity.notReady()],
+    close: () => {
+      capacity.stop();
+      storage.close();
+    },
+  };
 }
 
 /**

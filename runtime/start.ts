@@ -181,7 +181,16 @@ export async function start(options: StartOptions): Promise<Running> {
     })();
   };
   try {
-    const opened = await openRunner({ nc: session.nc, config, log, clock: options.clock, functions, unreachable });
+    const opened = await openRunner({
+      nc: session.nc,
+      config,
+      log,
+      clock: options.clock,
+      functions,
+      unreachable,
+      // The event kind's binding reads its streams' use; bound after the runner is open.
+      streams: () => Object.assign({}, ...bindings.map((binding) => binding.streams?.() ?? {})),
+    });
     runner = opened;
     watchConnection(opened.metrics);
     const env: BindEnv<LoadedFunction> = {

@@ -29,9 +29,9 @@ export interface TestBus {
   kv(bucket: string, user?: string): Promise<KV>;
   /**
    * Kills the server (SIGKILL) and starts it again on the same port and store; with another
-   * `max_payload` when given; with its JetStream store removed when `emptyStore` (a disk lost).
+   * `max_payload` or `max_file_store` when given; with its JetStream store removed when `emptyStore` (a disk lost).
    */
-  restart(options?: { readonly maxPayload?: number; readonly emptyStore?: boolean }): Promise<void>;
+  restart(options?: { readonly maxPayload?: number; readonly emptyStore?: boolean; readonly maxFileStore?: number }): Promise<void>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -50,6 +50,10 @@ export interface TestBusOptions {
    * subjects no function set declares.
    */
   readonly seatPermissions?: Permissions;
+  /** The folder the server's temporary folder is made in (a small tmpfs, for a full disk); the system's by default. */
+  readonly under?: string;
+  /** JetStream's file storage limit (`max_file_store`) in bytes. */
+  readonly maxFileStore?: number;
 }
 
 /**
@@ -58,7 +62,7 @@ export interface TestBusOptions {
  * the permissions derived from the function set.
  */
 export async function startTestBus(config: Config, options: TestBusOptions = {}): Promise<TestBus> {
-  const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-test-"));
+  const dir = mkdtempSync(join(options.under ?? tmpdir(), "mesh-provisioner-test-"));
   const users = authorization(config, options.functions ?? (await loadFunctions(config)), {
     nodes: options.nodes ?? config.embedded.nodes,
     providers: options.providers ?? config.embedded.providers,
@@ -67,6 +71,7 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
     stateDir: dir,
     users: options.seatPermissions ? [{ ...users[0]!, permissions: options.seatPermissions }, ...users.slice(1)] : users,
     maxPayload: options.maxPayload,
+    maxFileStore: options.maxFileStore,
   };
   let server = await startEmbedded(embedded);
   const opened: NatsConnection[] = [];
@@ -96,11 +101,11 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
       const name = config.buckets[bucket]?.bucket ?? bucket;
       return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
     },
-    restart: async ({ maxPayload = embedded.maxPayload, emptyStore = false } = {}) => {
+    restart: async ({ maxPayload = embedded.maxPayload, emptyStore = false, maxFileStore = embedded.maxFileStore } = {}) => {
       process.kill(server.pid, "SIGKILL");
       await server.stop();
       if (emptyStore) rmSync(join(dir, "jetstream"), { recursive: true, force: true });
-      server = await startEmbedded({ ...embedded, maxPayload, port: server.port });
+      server = await startEmbedded({ ...embedded, maxPayload, maxFileStore, port: server.port });
     },
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));

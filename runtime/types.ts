@@ -138,12 +138,42 @@ export interface RefusedEvents {
   readonly last?: { readonly subject: string; readonly reason: string; readonly at: string };
 }
 
-/** The runtime's records, kept in its own bucket `<seat>_runtime`, shared by every replica. */
+/** One stream the set's triggers use, as the server last said (docs/runtime.md §6.11). */
+export interface StreamUse {
+  /** The stream's name on the server. */
+  readonly stream: string;
+  readonly bytes: number;
+  /** Its limit in bytes (the oldest messages go beyond it); `null` when it has none. */
+  readonly maxBytes: number | null;
+  readonly messages: number;
+  /** How long a delivered message may go unacknowledged before another replica gets it, in seconds. */
+  readonly ackWaitSeconds: number;
+  /** Its durable consumers: messages not delivered yet, and delivered but not acknowledged yet. */
+  readonly consumers: readonly { readonly durable: string; readonly pending: number; readonly unacknowledged: number }[];
+}
+
+/**
+ * What JetStream stores for the set, as the runtime last found it (a write every 5 s, docs/runtime.md §6.11).
+ */
+export interface StoreUse {
+  /** When the server was last asked, ISO 8601; `null` before the first time. */
+  readonly checkedAt: string | null;
+  /** Why JetStream stores nothing for the set now: the server's refusal in its words, or that it does not answer; `null` while writes are stored. */
+  readonly refusing: string | null;
+  /** The account's JetStream file storage: bytes used, and the account's limit (`null`: none of its own, the server's applies). */
+  readonly account: { readonly bytes: number; readonly maxBytes: number | null } | null;
+  /** The streams of the config the set's triggers use, by their config name. */
+  readonly streams: Readonly<Record<string, StreamUse>>;
+}
+
+/** The runtime's records, kept in its own bucket `<seat>_runtime`, shared by every replica, and what JetStream stores. */
 export interface RuntimeRecords {
   /** The last successful scheduled run of the function named `name`, or `null` if none. */
   lastRun(name: string): Promise<Run | null>;
   /** Events refused (not JSON, or refused by the input schema or the handler), by function. */
   refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, RefusedEvents>> }>;
+  /** What JetStream stores for the set now (docs/runtime.md §6.11), from memory: the runtime asks the server every 5 s. */
+  store(): StoreUse;
 }
 
 /** A refusal or fault of one run: its code (docs/verb.md §4: 400 bad input, 500 a fault) and message. */

@@ -1,11 +1,15 @@
-import type { NatsConnection } from "nats";
+import { execFileSync, spawn } from "node:child_process";
+import { mkdtempSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { KV, NatsConnection, NatsError } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { STATUS } from "../functions/_lib/status.ts";
+import { STATUS, type Status } from "../functions/_lib/status.ts";
 import { pino } from "pino";
-import { loadFunctions, start, type Running } from "../runtime/index.ts";
+import { loadFunctions, start, type Config, type Running } from "../runtime/index.ts";
 import { seatPermissions } from "../runtime/permissions.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, request, startSet, testBus, until } from "./helpers.ts";
+import { projectConfig, request, ROOT, startSet, testBus, until } from "./helpers.ts";
 
 let bus: TestBus;
 let seat: NatsConnection;
@@ -222,4 +226,214 @@ describe("a hung server (SIGSTOP)", () => {
       await hung.stop();
     }
   }, 60_000);
+});
+
+const MiB = 1024 * 1024;
+/** A need of about 4 KB, one module per write, so the verb can be asked for any one of them. */
+const blobKey = (i: number) => `alder.fill${i}.config.blob`;
+const BLOB = JSON.stringify("x".repeat(4000));
+
+/** Writes needs as alder until the server refuses one or `stop()` holds: the keys acknowledged, and the first refusal. */
+async function fillAsAlder(alder: KV, stop: () => boolean = () => false): Promise<{ acked: string[]; refusal: NatsError }> {
+  const acked: string[] = [];
+  for (let i = 0; ; i++) {
+    if (stop()) throw new Error(`no write refused after ${acked.length} acknowledged`);
+    try {
+      await alder.put(blobKey(i), BLOB);
+      acked.push(blobKey(i));
+    } catch (err) {
+      return { acked, refusal: err as NatsError };
+    }
+  }
+}
+
+/** The set with a small events stream, so that a small store can hold its reservation. */
+const smallEvents = (bus: TestBus): Partial<Config> => ({
+  streams: { ...bus.config.streams, events: { ...bus.config.streams.events!, maxBytes: 4 * MiB } },
+});
+
+const metric = (text: string, name: string) => {
+  const line = text.split("\n").find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1));
+};
+
+describe("JetStream's storage limit reached (max_file_store 40 MB)", () => {
+  it("is said in readiness, status and the gauges in the server's words, nothing acknowledged is lost, and the set serves again once the server stores", async () => {
+    const limited = await testBus({ maxFileStore: 40 * MiB });
+    const running = await startSet(limited, smallEvents(limited));
+    try {
+      const keycloak = (await limited.connect("keycloak")).jetstream();
+      const failing = (consumer: string) =>
+        keycloak.publish(
+          "keycloak.provisioner.failing",
+          JSON.stringify({ machine: "alder", consumer, word: "before the store filled", at: new Date().toISOString() }),
+        );
+      await failing("before");
+      const { acked, refusal } = await fillAsAlder(await limited.kv("needs", "alder"));
+      expect(refusal.api_error?.description).toBe("insufficient resources");
+      expect(acked.length).toBeGreaterThan(5000);
+
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 503, 10_000, "not ready");
+      const ready = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons: string[] };
+      expect(ready.reasons.join("; ")).toContain("JetStream refuses to store: insufficient resources");
+      const status = (await (await fetch(`${running.httpUrl}/status`)).json()) as Status;
+      expect(status.well).toBe(false);
+      expect(status.events.recording).toBe(false);
+      expect(status.events.reason).toContain("insufficient resources");
+      expect(status.events.stream).toMatchObject({ name: "mesh-provisioner_events", maxBytes: 4 * MiB });
+      expect(status.events.account!.bytes).toBeGreaterThan(35 * MiB);
+      const metrics = await (await fetch(`${running.httpUrl}/metrics`)).text();
+      expect(metric(metrics, "jetstream_storing")).toBe(0);
+      expect(metric(metrics, "jetstream_account_storage_bytes")).toBeGreaterThan(35 * MiB);
+      expect(metrics).toContain(`stream_max_bytes{stream="mesh-provisioner_events"} ${4 * MiB}`);
+      // What a provider publishes now is refused, not lost silently.
+      await expect(failing("during")).rejects.toThrow();
+      // The set still answers from what it holds, the last acknowledged write among it.
+      const last = acked.at(-1)!;
+      const module = last.split(".")[1];
+      const answer = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder&module=${module}`);
+      expect(answer.status).toBe(200);
+      expect(((await answer.json()) as { entries: { key: string }[] }).entries.map((e) => e.key)).toEqual([last]);
+
+      // The operator gives JetStream more storage; the set sees it by itself.
+      await limited.restart({ maxFileStore: 200 * MiB });
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 30_000, "ready again");
+      const after = (await (await fetch(`${running.httpUrl}/status`)).json()) as Status;
+      expect(after.events.recording).toBe(true);
+      expect(after.failing.map((f) => f.consumer)).toEqual(["before"]);
+      const held = await (await limited.kv("needs")).keys("alder.>");
+      const keys = new Set<string>();
+      for await (const key of held) keys.add(key);
+      expect(acked.filter((key) => !keys.has(key))).toEqual([]);
+      await failing("after");
+      await until(
+        async () =>
+          ((await (await fetch(`${running.httpUrl}/status`)).json()) as Status).failing.map((f) => f.consumer).join() === "after,before",
+        10_000,
+        "the event published after is followed",
+      );
+    } finally {
+      await running.stop();
+      await limited.stop();
+    }
+  }, 120_000);
+});
+
+describe("a full disk (the store on a 30 MiB tmpfs)", () => {
+  const root = process.getuid?.() === 0;
+  it.runIf(root)(
+    "makes the set not ready saying JetStream does not answer or refuses, stale reads answer from memory, nothing acknowledged is lost, and it serves again once the server does",
+    async () => {
+      const mount = mkdtempSync(join(tmpdir(), "mesh-provisioner-disk-"));
+      execFileSync("mount", ["-t", "tmpfs", "-o", "size=30m", "tmpfs", mount]);
+      const filler = join(mount, "filler");
+      const full = await testBus({ under: mount });
+      const running = await startSet(full, smallEvents(full));
+      try {
+        const keycloak = (await full.connect("keycloak")).jetstream();
+        await keycloak.publish(
+          "keycloak.provisioner.failing",
+          JSON.stringify({ machine: "alder", consumer: "before", word: "before the disk filled", at: new Date().toISOString() }),
+        );
+        // Something else fills the disk, leaving 3 MiB to the server's store.
+        const free = statfsSync(mount);
+        execFileSync("fallocate", ["-l", String(free.bavail * free.bsize - 3 * MiB), filler]);
+        const { acked } = await fillAsAlder(await full.kv("needs", "alder"));
+        expect(acked.length).toBeGreaterThan(100);
+
+        const saysJetStream = /JetStream does not answer|JetStream refuses to store/;
+        await until(
+          async () =>
+            saysJetStream.test(((await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] }).reasons?.join() ?? ""),
+          15_000,
+          "not ready, saying what JetStream does",
+        );
+        // Reads that must ask the server do not wait for it: a 503 at once, saying why.
+        const began = Date.now();
+        const refused = await fetch(`${running.httpUrl}/status`);
+        expect(refused.status).toBe(503);
+        expect(((await refused.json()) as { error: { message: string } }).error.message).toMatch(/does not answer/);
+        expect(Date.now() - began).toBeLessThan(1000);
+        // The reader's choice meanwhile: what the view holds, the last acknowledged write among it.
+        const last = acked.at(-1)!;
+        const stale = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder&module=${last.split(".")[1]}&stale=true`);
+        expect(stale.status).toBe(200);
+        expect(((await stale.json()) as { entries: { key: string }[] }).entries.map((e) => e.key)).toEqual([last]);
+
+        // The disk is freed, and the server (wedged by nats-server 2.9 until it restarts) restarted.
+        rmSync(filler);
+        await full.restart();
+        await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 30_000, "ready again");
+        const status = (await (await fetch(`${running.httpUrl}/status`)).json()) as Status;
+        expect(status.events.recording).toBe(true);
+        expect(status.failing.map((f) => f.consumer)).toEqual(["before"]);
+        const keys = new Set<string>();
+        for await (const key of await (await full.kv("needs")).keys("alder.>")) keys.add(key);
+        expect(acked.filter((key) => !keys.has(key))).toEqual([]);
+        const answer = await fetch(`${running.httpUrl}/provisioning?what=needs&node=alder&module=${last.split(".")[1]}`);
+        expect(((await answer.json()) as { entries: { key: string }[] }).entries.map((e) => e.key)).toEqual([last]);
+      } finally {
+        await running.stop();
+        await full.stop();
+        execFileSync("umount", [mount]);
+        rmSync(mount, { recursive: true, force: true });
+      }
+    },
+    120_000,
+  );
+});
+
+describe("a replica of the set killed while it holds events", () => {
+  it("leaves status saying how many events are delivered and not acknowledged, until another replica gets them after the ack wait", async () => {
+    const crash = await testBus();
+    const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-replica-"));
+    const ackWait: Partial<Config> = {
+      streams: { ...crash.config.streams, events: { ...crash.config.streams.events!, ackWaitSeconds: 10 } },
+    };
+    const { root: _root, file: _file, ...raw } = { ...crash.config, ...ackWait, functions: join(ROOT, "functions") };
+    const configFile = join(dir, "replica.config.mts");
+    writeFileSync(configFile, `export default ${JSON.stringify(raw)};\n`);
+    const child = spawn("node", [join(ROOT, "bin", "mesh-provisioner.mjs"), "-c", configFile, "start"], {
+      cwd: ROOT,
+      env: { ...process.env, LOG_LEVEL: "silent" },
+      stdio: "ignore",
+    });
+    let running: Running | undefined;
+    try {
+      const keycloak = (await crash.connect("keycloak")).jetstream();
+      const failing = (consumer: string) =>
+        keycloak.publish(
+          "keycloak.provisioner.failing",
+          JSON.stringify({ machine: "alder", consumer, word: "w", at: new Date().toISOString() }),
+        );
+      const asker = await crash.connect();
+      await until(async () => (await request(asker, STATUS, {}).catch(() => undefined)) !== undefined, 30_000, "the first replica answers");
+      await failing("first");
+      await until(
+        async () => (await request(asker, STATUS, {}).catch(() => undefined))?.body.failing?.length === 1,
+        30_000,
+        "the first replica follows",
+      );
+      // Stopped, it still has its pull outstanding: the server hands it the next events, which it never acknowledges.
+      child.kill("SIGSTOP");
+      for (let i = 0; i < 10; i++) await failing(`held${i}`);
+      await new Promise((r) => setTimeout(r, 500));
+      child.kill("SIGKILL");
+
+      running = await startSet(crash, ackWait);
+      const status = async () => (await (await fetch(`${running!.httpUrl}/status`)).json()) as Status;
+      await until(async () => (await status()).events.unacknowledged === 10, 8000, "status says what the killed replica holds");
+      const held = await status();
+      expect(held.failing.map((f) => f.consumer)).toEqual(["first"]);
+      expect(held.events.ackWaitSeconds).toBe(10);
+      // After the ack wait, the other replica gets them.
+      await until(async () => (await status()).failing.length === 11, 20_000, "the held events are followed");
+      await until(async () => (await status()).events.unacknowledged === 0, 10_000, "nothing held any more");
+    } finally {
+      child.kill("SIGKILL");
+      await running?.stop();
+      await crash.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
 });

@@ -34,7 +34,7 @@ describe("the NATS service", () => {
     const answer = JSON.parse(endpoints.provisioning!.metadata!.response_schema!);
     expect(answer.required).toEqual(["what", "entries", "outOfShape"]);
     const status = JSON.parse(endpoints.status!.metadata!.response_schema!);
-    expect(Object.keys(status.properties)).toEqual(["well", "failing", "outOfShape", "omitted", "registry", "rejectedEvents"]);
+    expect(Object.keys(status.properties)).toEqual(["well", "failing", "outOfShape", "omitted", "registry", "rejectedEvents", "events"]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
   });
 

@@ -62,6 +62,16 @@ describe("status as the CLI prints it", () => {
     omitted: 0,
     registry: { kinds: ["config", "secret"], compiledAt: "2026-11-29T15:00:00.000Z" },
     rejectedEvents: 2,
+    events: {
+      recording: true,
+      reason: null,
+      checkedAt: "2026-11-29T15:12:29.000Z",
+      stream: { name: "mesh-provisioner_events", bytes: 2048, maxBytes: 1024 ** 3, messages: 12 },
+      account: { bytes: 5_000_000, maxBytes: null },
+      pending: 0,
+      unacknowledged: 0,
+      ackWaitSeconds: 30,
+    },
   });
 
   it("says how long each has failed, in two units", () => {
@@ -80,6 +90,8 @@ describe("status as the CLI prints it", () => {
       "",
       "registry: 2 kinds, compiled 12m30s ago (2026-11-29T15:00:00.000Z)",
       "rejected events: 2",
+      "events stream mesh-provisioner_events: 12 events, 2 KiB of 1 GiB",
+      "account storage: 4.77 MiB (no limit of its own: the server's applies)",
     ]);
     const hostile = formatStatus(status("a\u0000b\n\u001b[31mred"), now).split("\n")[3]!;
     expect(hostile.endsWith("a\\u0000b\\u000a\\u001b[31mred")).toBe(true);
@@ -87,5 +99,29 @@ describe("status as the CLI prints it", () => {
     expect(bidi.endsWith("abc\\u202edef\\u200b")).toBe(true);
     const long = formatStatus(status("😀".repeat(100)), now).split("\n")[3]!;
     expect(long.endsWith(`${"😀".repeat(79)}…`)).toBe(true);
+  });
+
+  it("says first when events cannot be recorded, and what a replica holds unacknowledged", () => {
+    const full: Status = {
+      ...status("x"),
+      well: false,
+      failing: [],
+      events: {
+        ...status("x").events,
+        recording: false,
+        reason: "JetStream refuses to store: insufficient resources",
+        unacknowledged: 7,
+        pending: 3,
+      },
+    };
+    const lines = formatStatus(full, now).split("\n");
+    expect(lines.slice(0, 2)).toEqual([
+      "NOT WELL: events cannot be recorded",
+      "events: JetStream refuses to store: insufficient resources",
+    ]);
+    expect(lines.slice(-2)).toEqual([
+      "3 events not handled yet",
+      "7 events delivered to a replica and not acknowledged yet: not in status until handled (a replica that stopped holds them for up to 30 s)",
+    ]);
   });
 });

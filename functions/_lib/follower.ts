@@ -14,6 +14,9 @@ import { compareTimes, rfc3339 } from "./times.ts";
 /** The longest failing word kept, in characters; a longer one is cut, never refused. */
 export const MAX_WORD = 1024;
 
+/** The config's stream the providers' events are kept in, followed by durable consumers (docs/failing.md §5.4). */
+export const EVENTS_STREAM = "events";
+
 const triple = { machine: token, consumer: token, at: rfc3339 };
 
 /**

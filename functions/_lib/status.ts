@@ -1,6 +1,6 @@
 import { z } from "zod";
-import { formatIssues, type ReadBucket } from "../../runtime/index.ts";
-import { failingValue } from "./follower.ts";
+import { formatIssues, type ReadBucket, type StoreUse } from "../../runtime/index.ts";
+import { EVENTS_STREAM, failingValue } from "./follower.ts";
 import { decodeKey, filtersFor, token } from "./keys.ts";
 
 /** The status verb's subject (docs/failing.md §5). */
@@ -41,6 +41,29 @@ export interface Status {
   readonly registry: { readonly kinds: string[]; readonly compiledAt: string | null };
   /** Events the follower refused (not JSON, or not an event), since the bucket was made. */
   readonly rejectedEvents: number;
+  readonly events: Events;
+}
+
+/** Whether the mesh can record providers' events now, and what the follower holds of them (docs/failing.md §5.6). */
+export interface Events {
+  /** False while JetStream refuses the set's writes or does not answer them: providers' events are refused too. */
+  readonly recording: boolean;
+  /** Why not, in the server's words; `null` while recording. */
+  readonly reason: string | null;
+  /** When the server was last asked; `null` before the first time. */
+  readonly checkedAt: string | null;
+  /** The events stream's use against its limit. */
+  readonly stream: { readonly name: string; readonly bytes: number; readonly maxBytes: number | null; readonly messages: number } | null;
+  /** The seat's account's JetStream storage against its own limit (`null`: none, the server's applies). */
+  readonly account: { readonly bytes: number; readonly maxBytes: number | null } | null;
+  /** Events stored and not delivered yet to the follower. */
+  readonly pending: number;
+  /**
+   * Events delivered to a replica of the set and not acknowledged yet: not in `failing` yet. A
+   * replica that stopped holds them until `ackWaitSeconds` have passed, then another gets them.
+   */
+  readonly unacknowledged: number;
+  readonly ackWaitSeconds: number | null;
 }
 
 const outOfShapeItem = z.object({ key: z.string(), reason: z.string() });
@@ -55,7 +78,38 @@ export const statusAnswer = z.object({
   omitted: z.number().int(),
   registry: z.object({ kinds: z.array(z.string()), compiledAt: z.string().nullable() }),
   rejectedEvents: z.number().int(),
+  events: z.object({
+    recording: z.boolean(),
+    reason: z.string().nullable(),
+    checkedAt: z.string().nullable(),
+    stream: z.object({ name: z.string(), bytes: z.number(), maxBytes: z.number().nullable(), messages: z.number() }).nullable(),
+    account: z.object({ bytes: z.number(), maxBytes: z.number().nullable() }).nullable(),
+    pending: z.number().int(),
+    unacknowledged: z.number().int(),
+    ackWaitSeconds: z.number().nullable(),
+  }),
 }) satisfies z.ZodType<Status>;
+
+/**
+ * What status says of the events (docs/failing.md §5.6), from what the runtime last found of the
+ * server: whether JetStream stores, the events stream and the account against their limits, and
+ * the most events any of the stream's durables has not delivered yet, and has not had acknowledged.
+ */
+export function eventsOf(store: StoreUse): Events {
+  const stream = store.streams[EVENTS_STREAM];
+  const most = (pick: (c: { pending: number; unacknowledged: number }) => number) => Math.max(0, ...(stream?.consumers ?? []).map(pick));
+  return {
+    recording: store.refusing === null,
+    reason: store.refusing,
+    checkedAt: store.checkedAt,
+    stream:
+      stream === undefined ? null : { name: stream.stream, bytes: stream.bytes, maxBytes: stream.maxBytes, messages: stream.messages },
+    account: store.account,
+    pending: most((c) => c.pending),
+    unacknowledged: most((c) => c.unacknowledged),
+    ackWaitSeconds: stream?.ackWaitSeconds ?? null,
+  };
+}
 
 const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 const byTriple = (a: Failing, b: Failing) => order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
@@ -95,14 +149,14 @@ const HEADROOM = 1024;
 
 /**
  * Status (docs/failing.md §5) of what `request` narrows to, from the failing and registry buckets and
- * the runtime's count of refused events. `well` is false while any reached key is failing or
- * out of shape. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
+ * the runtime's count of refused events and what it found JetStream stores. `well` is false
+ * while any reached key is failing or out of shape, or while the mesh cannot record events. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
  * last failing triples are left out, and counted in `omitted`.
  */
 export async function readStatus(
   request: StatusRequest,
   buckets: { failing: ReadBucket; registry: ReadBucket },
-  runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }> },
+  runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }>; store(): StoreUse },
   maxPayload: number,
 ): Promise<Status> {
   const [entries, kinds, compiled, refused] = await Promise.all([
@@ -112,13 +166,15 @@ export async function readStatus(
     runtime.refusedEvents(),
   ]);
   const { failing, outOfShape } = failingOf(entries);
+  const events = eventsOf(runtime.store());
   const status: Status = {
-    well: failing.length === 0 && outOfShape.length === 0,
+    well: failing.length === 0 && outOfShape.length === 0 && events.recording,
     failing,
     outOfShape,
     omitted: 0,
     registry: { kinds: kinds.map((e) => e.key), compiledAt: compiled?.at.toISOString() ?? null },
     rejectedEvents: refused.count,
+    events,
   };
   return fitted(status, maxPayload - HEADROOM);
 }

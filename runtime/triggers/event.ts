@@ -11,6 +11,7 @@ import {
   type ConsumerMessages,
   type JetStreamManager,
   type JsMsg,
+  type NatsConnection,
   type Subscription,
 } from "nats";
 import type { Logger } from "pino";
@@ -18,6 +19,7 @@ import { z } from "zod";
 import type { Config } from "../config.ts";
 import { assertStreams } from "../assert.ts";
 import { RESERVED, reserved, SUBJECT_PATTERN, subjectMatches } from "../subjects.ts";
+import type { StreamUse } from "../types.ts";
 import { bindingName, type Target, type TriggerKind } from "./kind.ts";
 
 /** `{ event, stream? }`: a subject or pattern, and the name of a stream in the config's `streams`. */
@@ -127,6 +129,61 @@ async function bindDurable(
   log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
   await jsm.consumers.delete(stream, durable);
   await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: after });
+}
+
+/** How often the streams' use and the durables' progress are read, in milliseconds. */
+export const STREAMS_MS = 5000;
+
+/**
+ * The use of each stream `targets` name and the progress of their durables, read every
+ * {@link STREAMS_MS} (stream info, consumer info, each within 2 s); what a read that fails
+ * would have said is left as it last was (docs/runtime.md §6.11).
+ */
+function watchStreams(
+  nc: NatsConnection,
+  config: Config,
+  targets: readonly Target<EventTrigger>[],
+): { streams(): Record<string, StreamUse>; stop(): void } {
+  const names = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [t.trigger.stream])))];
+  const held = durables(targets, config);
+  const use: Record<string, StreamUse> = {};
+  let reading: Promise<void> | undefined;
+  const read = () =>
+    (reading ??= (async () => {
+      const jsm = await nc.jetstreamManager({ timeout: 2000, checkAPI: false });
+      await Promise.all(
+        names.map(async (name) => {
+          const { stream, ackWaitSeconds } = config.streams[name]!;
+          const info = await jsm.streams.info(stream).catch(() => undefined);
+          if (info === undefined) return;
+          const consumers = await Promise.all(
+            held
+              .filter((d) => d.stream === stream)
+              .map(async ({ durable }) => {
+                const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
+                const was = use[name]?.consumers.find((k) => k.durable === durable);
+                return c === undefined
+                  ? (was ?? { durable, pending: 0, unacknowledged: 0 })
+                  : { durable, pending: c.num_pending, unacknowledged: c.num_ack_pending };
+              }),
+          );
+          use[name] = {
+            stream,
+            bytes: info.state.bytes,
+            maxBytes: info.config.max_bytes > 0 ? info.config.max_bytes : null,
+            messages: info.state.messages,
+            ackWaitSeconds,
+            consumers,
+          };
+        }),
+      );
+    })()
+      .catch(() => {})
+      .finally(() => (reading = undefined)));
+  void read();
+  const timer = setInterval(read, STREAMS_MS);
+  timer.unref();
+  return { streams: () => ({ ...use }), stop: () => clearInterval(timer) };
 }
 
 export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
@@ -290,11 +347,14 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       })().catch((err: unknown) => log.error({ function: fn.name, durable, err }, "consumer stopped"));
       loops.push(loop);
     }
+    const use = watchStreams(nc, config, targets);
     return {
       notReady: () => [...gone.values()],
       reconnected: () => assertStreams(jsm, config, streamSubjects(targets), log),
+      streams: use.streams,
       stop: async () => {
         stopping = true;
+        use.stop();
         for (const sub of subscriptions) sub.unsubscribe();
         for (const messages of live) messages.stop();
         await Promise.all(loops);

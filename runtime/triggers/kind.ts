@@ -9,7 +9,7 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { Config } from "../config.ts";
-import type { Outcome, RawInput } from "../types.ts";
+import type { Outcome, RawInput, StreamUse } from "../types.ts";
 
 /** What a kind sees of a function: its name and file, what it says of itself, its schemas and triggers. */
 export interface FunctionRef {
@@ -87,6 +87,8 @@ export interface Binding {
    * server back with an empty store). Throws when it cannot; start tries again.
    */
   reconnected?(): Promise<void>;
+  /** The config's streams it uses, by config name, as the server last said: their use and their durables' progress. */
+  streams?(): Readonly<Record<string, StreamUse>>;
   /** Where it listens, for the start banner (the HTTP server's URL). */
   readonly url?: string;
   /** Unbinds: takes nothing new, finishes what is in hand within the grace. */
