@@ -89,8 +89,6 @@ export interface RunningNatsServer {
   readonly url: string;
   readonly port: number;
   readonly pid: number;
-  /** The server's last log lines (at most 200), oldest first. */
-  recentLog(): readonly string[];
   /** Stops the server (SIGTERM, then SIGKILL after 5 s) and waits for it to exit. */
   stop(): Promise<void>;
 }
@@ -171,7 +169,6 @@ export async function spawnNatsServer(options: SpawnOptions): Promise<RunningNat
     url: `nats://127.0.0.1:${port}`,
     port,
     pid: child.pid!,
-    recentLog: () => [...log],
     stop: () => stopChild(child),
   };
 }
