@@ -21,6 +21,8 @@ export default defineConfig({
     applied: { bucket: "mesh-provisioner_applied", writtenBy: "nodes" },
     collect: { bucket: "mesh-provisioner_collect", writtenBy: "nodes" },
     failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
+    // docs/state.md §7: the controller's assignments mirror, `<node>.<module>`; read, never written here.
+    assignments: { bucket: "mesh-controller_assignments", writtenBy: "controller" },
   },
 
   // docs/failing.md §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
@@ -35,7 +37,11 @@ export default defineConfig({
   embedded: {
     nodes: ["alder", "birch", "cedar", "dogwood"],
     providers: ["keycloak", "postgres", "mesh-vault"],
+    controllers: ["mesh-controller"],
   },
+
+  // docs/state.md §7: how long a module may be never-ran or pending before it is Late.
+  provisioning: { graceSeconds: 600 },
 
   // docs/failing.md §5, optional: raise failing providers to Prometheus Alertmanager.
   // alerts: { alertmanager: "http://127.0.0.1:9093" },

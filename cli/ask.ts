@@ -1,6 +1,7 @@
 import { Option } from "commander";
+import prettyMilliseconds from "pretty-ms";
 import { ServiceError, type NatsConnection } from "nats";
-import { NARROWINGS, VERB, VERB_SHAPE, WHATS, type Answer } from "../functions/_lib/provisioning.ts";
+import { ASKED, NARROWINGS, VERB, VERB_SHAPE, type Answer, type What } from "../functions/_lib/provisioning.ts";
 
 const decoder = new TextDecoder();
 
@@ -44,8 +45,8 @@ export async function askAll(nc: NatsConnection, request: Record<string, unknown
   return { what: page.what, entries, outOfShape, ...(page.confirmedAt !== undefined ? { confirmedAt: page.confirmedAt } : {}) };
 }
 
-/** The help of the `what` argument: every `what`, `registry, needs, applied or collect`. */
-export const whatHelp = `${WHATS.slice(0, -1).join(", ")} or ${WHATS.at(-1)}`;
+/** The help of the `what` argument: every `what`, `registry, needs, applied, collect or state`. */
+export const whatHelp = `${ASKED.slice(0, -1).join(", ")} or ${ASKED.at(-1)}`;
 
 /** An option of the command line per narrowing field: `--<field> <value>` and its help. */
 export const narrowingOptions = (): Option[] =>
@@ -83,7 +84,7 @@ export function table(rows: readonly (readonly string[])[]): string[] {
 }
 
 /** An answer as a readable table, then its out-of-shape keys with their reasons. */
-export function formatAnswer(answer: Answer): string {
+export function formatAnswer(answer: Answer & { what: What }): string {
   const { columns } = VERB_SHAPE.whats[answer.what];
   const lines =
     answer.entries.length === 0
@@ -102,4 +103,11 @@ export function formatAnswer(answer: Answer): string {
   if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
   if (answer.confirmedAt !== undefined) lines.push("", `from memory: last confirmed current ${answer.confirmedAt ?? "never"}`);
   return lines.join("\n");
+}
+
+/** How long from `since` to `now`, in at most two units without spaces: `3h12m`, `45s`. */
+export function failingFor(since: string, now: Date): string {
+  const ms = Math.max(0, now.getTime() - Date.parse(since));
+  if (ms < 1000) return "0s";
+  return prettyMilliseconds(ms, { unitCount: 2, secondsDecimalDigits: 0 }).replaceAll(" ", "");
 }

@@ -1,19 +1,35 @@
 import type { KV } from "nats";
 import type { Config } from "../runtime/index.ts";
 import { openSession } from "../runtime/index.ts";
-import { DEMO_FAILING, NODES, recordsOf } from "../demo/mesh.ts";
+import { assignmentsOf, DEMO_FAILING, NODES, recordsOf } from "../demo/mesh.ts";
 import { askStatus } from "./status.ts";
 
 export { DEMO_FAILING };
 
 /**
- * Writes the demo mesh as its node clients would: each node connects with its own node user
- * of the embedded server (or the configured credentials when NATS_URL is set) and puts its
- * own keys of needs, applied and collect. The function set must have run once, so the
+ * Writes the demo mesh as the controller and its node clients would: the controller's user
+ * puts the assignments, then each node connects with its own node user of the embedded server
+ * (or the configured credentials when NATS_URL is set) and puts its own keys of needs, applied
+ * and collect. The function set must have run once, so the
  * buckets exist. Returns how many records each node wrote.
  */
 export async function writeDemo(config: Config): Promise<Record<string, number>> {
   const written: Record<string, number> = {};
+  // The controller first: its assignments mirror (docs/state.md §7.1).
+  const controller = config.embedded.controllers[0];
+  if (controller !== undefined && config.buckets.assignments !== undefined) {
+    const session = await openSession(config, { embedded: "join", user: controller, name: `${controller} assignments` });
+    try {
+      const kv = await session.nc.jetstream().views.kv(config.buckets.assignments.bucket, { bindOnly: true, allow_direct: true });
+      const assignments = assignmentsOf();
+      for (const { key, value } of assignments) await kv.put(key, JSON.stringify(value));
+      written[controller] = assignments.length;
+    } catch (err) {
+      throw new Error(`the controller ${controller} could not write its assignments: ${(err as Error).message}`, { cause: err });
+    } finally {
+      await session.close();
+    }
+  }
   for (const node of NODES) {
     const session = await openSession(config, { embedded: "join", user: node, name: `${node} provisioner client` });
     try {

@@ -19,9 +19,11 @@ import {
   toConf,
   type Running,
 } from "../runtime/index.ts";
-import { DEFAULT_WHAT } from "../functions/_lib/provisioning.ts";
+import { DEFAULT_WHAT, STATE } from "../functions/_lib/provisioning.ts";
+import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
+import { askStates, formatStates } from "./state.ts";
 import { askStatus, formatStatus } from "./status.ts";
 
 const program = new Command("mesh-provisioner")
@@ -88,7 +90,29 @@ ask
     try {
       const onePage = fields.limit !== undefined || fields.cursor !== undefined;
       const answer = onePage ? await askOnce(session.nc, request) : await askAll(session.nc, request);
-      console.log(json ? JSON.stringify(answer, null, 2) : formatAnswer(answer));
+      const shownAs = () =>
+        answer.what === STATE
+          ? formatStates(answer as Parameters<typeof formatStates>[0], new Date())
+          : formatAnswer(answer as Parameters<typeof formatAnswer>[0]);
+      console.log(json ? JSON.stringify(answer, null, 2) : shownAs());
+    } finally {
+      await session.close();
+    }
+  });
+
+program
+  .command("state")
+  .description("say each module's provisioning state on each node, for how long, and its conditions in words")
+  .option("--node <node>", "narrow to one node")
+  .option("--module <module>", "narrow to one module")
+  .addOption(new Option("--state <state>", "narrow to one state").choices(STATES))
+  .option("--json", "print the answer as JSON")
+  .action(async (options: Record<string, unknown>) => {
+    const { json, ...narrowing } = options;
+    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner state" });
+    try {
+      const answer = await askStates(session.nc, narrowing);
+      console.log(json ? JSON.stringify(answer, null, 2) : formatStates(answer, new Date()));
     } finally {
       await session.close();
     }
@@ -117,15 +141,17 @@ const names = (value: string, previous: string[] = []) => [...previous, value];
 
 program
   .command("permissions")
-  .description("print the nats-server users and permissions the function set needs: the seat, each node, each provider")
+  .description("print the nats-server users and permissions the function set needs: the seat, each node, each provider, the controller")
   .option("--node <node>", "a node user to print (repeatable; default: the config's embedded nodes)", names)
   .option("--provider <provider>", "a provider user to print (repeatable; default: the config's embedded providers)", names)
+  .option("--controller <controller>", "the controller's user to print (repeatable; default: the config's embedded controllers)", names)
   .option("--json", "print the users as JSON instead of nats-server's configuration syntax")
-  .action(async (options: { node?: string[]; provider?: string[]; json?: boolean }) => {
+  .action(async (options: { node?: string[]; provider?: string[]; controller?: string[]; json?: boolean }) => {
     const cfg = await config();
     const users = authorization(cfg, await loadFunctions(cfg), {
       nodes: options.node ?? cfg.embedded.nodes,
       providers: options.provider ?? cfg.embedded.providers,
+      controllers: options.controller ?? cfg.embedded.controllers,
     });
     console.log(options.json ? JSON.stringify(users, null, 2) : toConf(users).trimEnd());
   });
@@ -234,7 +260,13 @@ program
         return;
       }
       const written = await writeDemo(cfg);
-      for (const [node, count] of Object.entries(written)) console.log(`${node}: wrote ${count} records as node ${node}`);
+      for (const [user, count] of Object.entries(written)) {
+        console.log(
+          cfg.embedded.controllers.includes(user)
+            ? `${user}: wrote ${count} assignments as the controller`
+            : `${user}: wrote ${count} records as node ${user}`,
+        );
+      }
       await publishDemoEvent(cfg, "failing");
       console.log(`${provider}: published ${provider}.provisioner.failing for ${consumer} on ${machine}`);
       for (const request of [
@@ -244,7 +276,7 @@ program
         { what: "needs", node: "dogwood", module: "grafana" },
       ]) {
         console.log(`\n$ ask ${JSON.stringify(request)}`);
-        console.log(formatAnswer(await askAll(session.nc, request)));
+        console.log(formatAnswer((await askAll(session.nc, request)) as Parameters<typeof formatAnswer>[0]));
       }
       await showStatus();
       console.log(`\n(mesh-provisioner demo --recover publishes ${provider}'s recovery)`);

@@ -1,20 +1,15 @@
 import type { NatsConnection } from "nats";
 import prettyBytes from "pretty-bytes";
-import prettyMilliseconds from "pretty-ms";
 import { STATUS, type Events, type Status } from "../functions/_lib/status.ts";
-import { askVerb, shown, table } from "./ask.ts";
+import { askVerb, failingFor, shown, table } from "./ask.ts";
+import { formatStates } from "./state.ts";
 
 /** Asks `mesh-provisioner.status` once (docs/failing.md §5) with a narrowing. */
 export function askStatus(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<Status> {
   return askVerb<Status>(nc, STATUS, narrowing);
 }
 
-/** How long from `since` to `now`, in at most two units without spaces: `3h12m`, `45s`. */
-export function failingFor(since: string, now: Date): string {
-  const ms = Math.max(0, now.getTime() - Date.parse(since));
-  if (ms < 1000) return "0s";
-  return prettyMilliseconds(ms, { unitCount: 2, secondsDecimalDigits: 0 }).replaceAll(" ", "");
-}
+export { failingFor };
 
 const WIDEST_WORD = 80;
 
@@ -22,7 +17,12 @@ const WIDEST_WORD = 80;
 export function formatStatus(status: Status, now: Date): string {
   const lines: string[] = [];
   const failing = status.failing.length + status.omitted + status.outOfShape.length;
-  const notWell = [...(failing > 0 ? [`${failing} failing`] : []), ...(status.events.recording ? [] : ["events cannot be recorded"])];
+  const modules = status.provisioning.notWell.length + status.provisioning.omitted;
+  const notWell = [
+    ...(failing > 0 ? [`${failing} failing`] : []),
+    ...(modules > 0 ? [`${modules} module${modules === 1 ? "" : "s"} not well`] : []),
+    ...(status.events.recording ? [] : ["events cannot be recorded"]),
+  ];
   lines.push(status.well ? "WELL: nothing fails" : `NOT WELL: ${notWell.join("; ") || "see below"}`);
   if (!status.events.recording) lines.push(`events: ${status.events.reason}`);
   if (status.failing.length > 0) {
@@ -42,6 +42,10 @@ export function formatStatus(status: Status, now: Date): string {
       ...status.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
     );
   }
+  if (status.provisioning.notWell.length > 0) {
+    lines.push("", ...formatStates({ entries: status.provisioning.notWell, outOfShape: [] }, now).split("\n").slice(0, -1));
+  }
+  if (status.provisioning.omitted > 0) lines.push(`… and ${status.provisioning.omitted} more modules (see: mesh-provisioner state)`);
   const { kinds, compiledAt } = status.registry;
   lines.push(
     "",

@@ -182,6 +182,53 @@ const COLLECTIONS: Readonly<Record<string, Readonly<Record<string, Readonly<Reco
   },
 };
 
+/**
+ * What makes each provisioning state and condition of docs/state.md §7 show in the demo: the
+ * modules the controller assigns besides those placed, those it does not, how a pass ended, and
+ * the needs that name their provider module or a kind no domain answers.
+ */
+export const CASES = {
+  /** Assigned, and never run on that node: `never-ran`. */
+  neverRan: { node: "birch", module: "backup" },
+  /** Assigned, ran, and declares nothing: `declares-nothing`. */
+  declaresNothing: { node: "cedar", module: "motd" },
+  /** Needs written after its last applied record: `pending`. */
+  pending: { node: "dogwood", module: "node-exporter" },
+  /** Its last pass failed: `failed`. */
+  failed: { node: "cedar", module: "mesh-artifact-store", error: "zot: listen tcp :5000: address already in use" },
+  /** Left behind on a node it is no longer assigned to: `unassigned`. */
+  unassigned: { node: "alder", module: "old-backup" },
+} as const;
+
+/** Needs beyond the placements' files: a kind no domain answers, providers named (not assigned anywhere, not ready). */
+const EXTRA_NEEDS: Readonly<Record<string, readonly DemoRecord[]>> = {
+  birch: [
+    { bucket: "needs", key: "birch.gitea.wormhole.exit", value: { placeholder: "${wormhole:exit}", file: "/etc/gitea/app.ini" } },
+    {
+      bucket: "needs",
+      key: "birch.gitea.bound.redis/address",
+      value: { placeholder: "${bound:redis:address}", file: "/etc/gitea/app.ini", provider: "redis" },
+    },
+    {
+      bucket: "needs",
+      key: "birch.docker.seat.mesh-artifact-store/reach",
+      value: { placeholder: "${seat:mesh-artifact-store:reach}", file: "/etc/docker/daemon.json", provider: "mesh-artifact-store" },
+    },
+  ],
+  alder: [
+    { bucket: "needs", key: "alder.old-backup.dir.archive", value: { placeholder: "${dir:archive}", file: "/etc/restic/restic.env" } },
+  ],
+};
+
+/** The controller's assignments (`<node>.<module>`): every placed module but the one left behind, and the one that never ran. */
+export function assignmentsOf(): { key: string; value: unknown }[] {
+  const placed = Object.entries(PLACEMENTS).flatMap(([node, placements]) => placements.map((p) => `${node}.${p.module}`));
+  return [...placed, `${CASES.neverRan.node}.${CASES.neverRan.module}`, `${CASES.declaresNothing.node}.${CASES.declaresNothing.module}`]
+    .filter((key) => key !== `${CASES.unassigned.node}.${CASES.unassigned.module}`)
+    .sort()
+    .map((key) => ({ key, value: { module: key.split(".")[1], plan: "as the controller placed it" } }));
+}
+
 /** Records out of their bucket's shape, as a client with a bug would write them. */
 const STRAY: Readonly<Record<string, readonly DemoRecord[]>> = {
   dogwood: [{ bucket: "needs", key: "dogwood.grafana.config", value: { placeholder: "${config}" } }],
@@ -199,16 +246,34 @@ function parsePlaceholder(placeholder: string): { kind: string; name: string } {
 /** Every record of the demo mesh written by `node`'s client. */
 export function recordsOf(node: string): DemoRecord[] {
   const records: DemoRecord[] = [];
-  for (const { module, needs } of PLACEMENTS[node] ?? []) {
-    for (const [placeholder, file] of Object.entries(needs)) {
-      const { kind, name } = parsePlaceholder(placeholder);
-      records.push({ bucket: "needs", key: `${node}.${module}.${kind}.${name}`, value: { placeholder, file } });
-    }
-    records.push({
+  const extra = EXTRA_NEEDS[node] ?? [];
+  const placements = [
+    ...(PLACEMENTS[node] ?? []),
+    ...(node === CASES.unassigned.node ? [{ module: CASES.unassigned.module, needs: {} }] : []),
+    ...(node === CASES.declaresNothing.node ? [{ module: CASES.declaresNothing.module, needs: {} }] : []),
+  ];
+  for (const { module, needs } of placements) {
+    const applied: DemoRecord = {
       bucket: "applied",
       key: `${node}.${module}`,
-      value: { at: APPLIED_AT, placeholders: Object.keys(needs).length, files: [...new Set(Object.values(needs))] },
-    });
+      value: {
+        at: APPLIED_AT,
+        placeholders: Object.keys(needs).length,
+        files: [...new Set(Object.values(needs))],
+        ...(node === CASES.failed.node && module === CASES.failed.module ? { error: CASES.failed.error } : {}),
+      },
+    };
+    // The pending module's client wrote its applied record, then new needs it has not applied yet.
+    const pending = node === CASES.pending.node && module === CASES.pending.module;
+    if (pending) records.push(applied);
+    for (const [placeholder, file] of Object.entries(needs)) {
+      const { kind, name } = parsePlaceholder(placeholder);
+      const key = `${node}.${module}.${kind}.${name}`;
+      if (extra.some((r) => r.key === key)) continue;
+      records.push({ bucket: "needs", key, value: { placeholder, file } });
+    }
+    records.push(...extra.filter((r) => r.key.startsWith(`${node}.${module}.`)));
+    if (!pending) records.push(applied);
   }
   for (const [collection, items] of Object.entries(COLLECTIONS[node] ?? {})) {
     for (const [contributor, item] of Object.entries(items)) {

@@ -1,21 +1,31 @@
 import { defineFunction } from "../runtime/index.ts";
-import { alertsConfig, alertsOf, postAlerts } from "./_lib/alerts.ts";
+import { alertsConfig, alertsOf, moduleAlertsOf, postAlerts, type PostableAlert } from "./_lib/alerts.ts";
+import { currentModel, provisioningConfig, provisioningOf, snapshotsOf } from "./_lib/state.ts";
+
+// What this replica raised for modules at its last run, to resolve what no longer counts.
+let raisedModules = new Map<string, PostableAlert>();
 
 /**
- * docs/failing.md §5 (optional): raises every failing triple to Prometheus Alertmanager and resolves it on
- * recovery, sending the whole state again every 30 seconds. Off while `alerts.alertmanager`
- * is unset. It reads the follower's state, so Alertmanager being down never holds the follower.
+ * docs/failing.md §5 (optional): raises every failing triple to Prometheus Alertmanager and
+ * resolves it on recovery, and every module that counts against the mesh (docs/state.md §7.6),
+ * sending the whole state again every 30 seconds. Off while `alerts.alertmanager` is unset. It
+ * reads the follower's state, so Alertmanager being down never holds the follower.
  */
 export default defineFunction({
-  description: "Raises failing providers to Alertmanager (when alerts.alertmanager is set) and resolves them on recovery.",
+  description: "Raises failing providers and modules not well to Alertmanager (when alerts.alertmanager is set) and resolves them.",
   triggers: [{ cron: "*/30 * * * * *" }],
-  config: alertsConfig,
-  access: { views: ["failing"] },
+  config: alertsConfig.extend(provisioningConfig.shape),
+  access: { views: ["failing", "assignments", "needs", "applied", "registry"] },
   handler: async (_input, ctx) => {
     const { alertmanager } = ctx.config.alerts;
     if (alertmanager === undefined) return { sent: 0, off: "alerts.alertmanager is not set" };
-    const alerts = alertsOf(await ctx.views.failing.records(">"), ctx.clock.now());
+    const now = ctx.clock.now();
+    const { graceSeconds } = ctx.config.provisioning;
+    const model = await currentModel(await snapshotsOf(ctx.views), graceSeconds);
+    const modules = moduleAlertsOf(provisioningOf(model, now, graceSeconds).notWell, raisedModules, now);
+    const alerts = [...alertsOf(await ctx.views.failing.records(">"), now), ...modules.alerts];
     if (alerts.length > 0) await postAlerts({ ...ctx.config.alerts, alertmanager }, alerts);
+    raisedModules = modules.raised;
     return { sent: alerts.length, firing: alerts.filter((a) => a.endsAt === undefined).length };
   },
 });

@@ -1,13 +1,26 @@
 import { defineFunction } from "../runtime/index.ts";
+import {
+  CONDITIONS,
+  countsAgainst,
+  NO_PROVISIONING,
+  currentModel,
+  provisioningConfig,
+  provisioningOf,
+  snapshotsOf,
+  STATES,
+  stateAt,
+} from "./_lib/state.ts";
 import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
-/** docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers. */
+/** docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers and every module not well (docs/state.md §7). */
 export default defineFunction({
-  description: "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the registry, refused events.",
+  description:
+    "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the modules not well, the registry, refused events.",
   triggers: [{ subject: STATUS }, { http: "GET /status" }],
   input: statusRequest,
   output: statusAnswer,
-  access: { views: ["failing", "registry"] },
+  config: provisioningConfig,
+  access: { views: ["failing", "registry", "assignments", "needs", "applied"] },
   metrics: {
     failing_triples: {
       type: "gauge",
@@ -19,6 +32,40 @@ export default defineFunction({
       help: "Keys of the failing bucket out of shape (status is not well while there are any)",
       collect: async (ctx) => (await countFailing(ctx.views.failing.local)).outOfShape,
     },
+    modules_by_state: {
+      type: "gauge",
+      help: "Modules of every node by provisioning state (docs/state.md §7)",
+      labels: ["state"],
+      collect: async (ctx) => {
+        const model = await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds);
+        return STATES.map((state) => ({ labels: { state }, value: model.counts[state] }));
+      },
+    },
+    module_conditions: {
+      type: "gauge",
+      help: "Modules carrying each condition (docs/state.md §7), Late included",
+      labels: ["type"],
+      collect: async (ctx) => {
+        const { graceSeconds } = ctx.config.provisioning;
+        const model = await currentModel(await snapshotsOf(ctx.views, true), graceSeconds);
+        const now = ctx.clock.now();
+        const counted = Object.fromEntries(CONDITIONS.map((type) => [type, 0]));
+        for (const kept of model.modules) {
+          if (kept.base.conditions.length === 0 && !countsAgainst(kept, now)) continue;
+          for (const { type } of stateAt(kept, now, graceSeconds).conditions) counted[type]!++;
+        }
+        return CONDITIONS.map((type) => ({ labels: { type }, value: counted[type]! }));
+      },
+    },
   },
-  handler: (request, ctx) => readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload),
+  handler: async (request, ctx) => {
+    const { graceSeconds } = ctx.config.provisioning;
+    const model = await currentModel(await snapshotsOf(ctx.views), graceSeconds);
+    // A narrowing by provider speaks of providers only; by machine and consumer, of that node's and module's provisioning too.
+    const provisioning =
+      request.provider === undefined
+        ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
+        : NO_PROVISIONING;
+    return readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload, provisioning);
+  },
 });

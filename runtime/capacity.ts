@@ -10,6 +10,8 @@ import type { StoreUse } from "./types.ts";
 
 /** How often the probe writes, in milliseconds. */
 export const PROBE_MS = 5000;
+/** Bytes an account with a limit of its own must have left, or writes are said refused: about one write. */
+export const ACCOUNT_ROOM = 4096;
 /** How often the probe writes while JetStream refuses or does not answer, or while the connection is away, in milliseconds. */
 export const RETRY_MS = 1000;
 /** How long a probe's write may go unanswered before the set says JetStream does not answer, in milliseconds. */
@@ -87,7 +89,13 @@ export function watchCapacity(nc: NatsConnection, config: Config, log: Logger, s
         const info = await jsm.getAccountInfo().catch(() => undefined);
         if (info !== undefined) account = { bytes: info.storage, maxBytes: info.limits.max_storage > 0 ? info.limits.max_storage : null };
       }
-      if (refusing !== null && state.refusing === null) log.error({ bucket, account }, refusing);
+      // The probe overwrites one key, which an account's limit lets through: the account's use says it.
+      if (refusing === null && account?.maxBytes != null && account.bytes + ACCOUNT_ROOM > account.maxBytes) {
+        refusing =
+          `JetStream refuses to store: the account's storage is full (${account.bytes} of its ${account.maxBytes} bytes); ` +
+          "writes that add data are refused (resource limits exceeded for account): free some, or raise the account's max_file";
+      }
+      if (refusing !== null && refusing !== state.refusing) log.error({ bucket, account }, refusing);
       if (refusing === null && state.refusing !== null) log.info({ bucket }, "JetStream stores again");
       state = { checkedAt: at.toISOString(), refusing, account };
     })()

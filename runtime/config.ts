@@ -21,8 +21,8 @@ const replicas = z.union([z.literal(1), z.literal(3), z.literal(5)], "must be 1,
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */
   bucket: name,
-  /** Who writes it: the seat itself, or each node its own `<node>.>` keys (docs/buckets.md §2). */
-  writtenBy: z.enum(["seat", "nodes"]),
+  /** Who writes it: the seat itself, each node its own `<node>.>` keys, or the controller all of it (docs/buckets.md §2). */
+  writtenBy: z.enum(["seat", "nodes", "controller"]),
   /** Who else reads all of it: nodes (e.g. the registry), providers (e.g. the needs). */
   readBy: z.array(z.enum(["nodes", "providers"])).default([]),
   /** Values kept per key. */
@@ -120,8 +120,10 @@ export const configSchema = z.looseObject({
       nodes: z.array(nodeName).default([]),
       /** One user per provider. */
       providers: z.array(nodeName).default([]),
+      /** The controller's user: writes the controller-written buckets (its assignments mirror). */
+      controllers: z.array(nodeName).default([]),
     })
-    .default({ nodes: [], providers: [] }),
+    .default({ nodes: [], providers: [], controllers: [] }),
 });
 
 /** The runtime's own bucket of a seat: its records, shared by every replica of the set (docs/buckets.md §2.5). */

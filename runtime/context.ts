@@ -12,7 +12,7 @@ import { AccessError, ServiceError } from "./errors.ts";
 import { declareMetric, type Metrics } from "./metrics.ts";
 import type { Storage } from "./storage.ts";
 import { subjectMatches } from "./subjects.ts";
-import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, StoreUse, ViewBucket, WriteBucket } from "./types.ts";
+import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, Snapshot, StoreUse, ViewBucket, WriteBucket } from "./types.ts";
 
 /** A read handle that refuses, naming the function and bucket, any write tried through it. */
 function readOnly(fn: string, handle: ReadBucket): ReadBucket {
@@ -95,6 +95,7 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
     for (const name of access?.views ?? []) {
       const view = storage.view(name);
       const checked = readOnly(fn.name, view);
+      const snapshotOf = (snapshot: Snapshot): Snapshot => ({ stamp: snapshot.stamp, reads: readOnly(fn.name, snapshot.reads) });
       const reachable = <T>(read: () => Promise<T>): Promise<T> => {
         const away = unreachable();
         return away === undefined ? read() : Promise.reject(new ServiceError(503, away));
@@ -107,6 +108,8 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
         records: (filters, options) => reachable(() => checked.records(filters, options)),
         local: readOnly(fn.name, view.local),
         confirmedAt: () => view.confirmedAt(),
+        snapshot: () => reachable(async () => snapshotOf(await view.snapshot())),
+        localSnapshot: () => snapshotOf(view.localSnapshot()),
       };
     }
     const publishes = access?.publishes ?? [];

@@ -147,19 +147,14 @@ const labelNames = z
   .optional();
 const metricDeclaration = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("counter"), help: z.string().min(1), labels: labelNames }),
-  z
-    .strictObject({
-      type: z.literal("gauge"),
-      help: z.string().min(1),
-      labels: labelNames,
-      collect: z
-        .custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (ctx) => number")
-        .optional(),
-    })
-    .refine((gauge) => gauge.collect === undefined || (gauge.labels ?? []).length === 0, {
-      message: "a gauge with collect has no labels (collect gives one value)",
-      path: ["labels"],
-    }),
+  z.strictObject({
+    type: z.literal("gauge"),
+    help: z.string().min(1),
+    labels: labelNames,
+    collect: z
+      .custom<(...args: unknown[]) => unknown>((value) => typeof value === "function", "must be a function (ctx) => number or samples")
+      .optional(),
+  }),
 ]);
 /** A Prometheus metric name. */
 export const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;

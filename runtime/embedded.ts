@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync 
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { freePortPreferring, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
-import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
+import { accountsOf, userPasswords, type AccountConf, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface EmbeddedOptions {
   /** The state folder: holds the store (`jetstream/`), `users.json`, the server's conf and pid. */
@@ -20,6 +20,8 @@ export interface EmbeddedOptions {
   readonly port?: number;
   /** JetStream's file storage limit (`max_file_store`) in bytes; the server's default (most of the disk) when absent. */
   readonly maxFileStore?: number;
+  /** The seat's account's own JetStream file storage limit (`max_file`) in bytes; none (the server's applies) when absent. */
+  readonly seatMaxFile?: number;
 }
 
 /** The embedded server, with the credentials of its users. */
@@ -96,6 +98,11 @@ function adoptGlobalStore(storeDir: string, seatAccount: string): void {
   if (existsSync(global) && !existsSync(own)) renameSync(global, own);
 }
 
+/** `accounts` with the seat's account given a file storage limit of its own, when one is. */
+function withSeatLimit(accounts: Record<string, AccountConf>, seat: string, maxFile: number | undefined): Record<string, AccountConf> {
+  return maxFile === undefined ? accounts : { ...accounts, [seat]: { ...accounts[seat]!, jetstream: { max_file: maxFile } } };
+}
+
 /**
  * Starts the embedded `nats-server` of a state folder: JetStream with its store in
  * `<stateDir>/jetstream`, on a free loopback port, with the users given and their permissions
@@ -118,7 +125,11 @@ export async function startEmbedded(options: EmbeddedOptions): Promise<EmbeddedS
     server_name: `${seat}-embedded`,
     jetstream: { store_dir: join(stateDir, "jetstream"), ...(options.maxFileStore ? { max_file_store: options.maxFileStore } : {}) },
     ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
-    accounts: accountsOf(options.users, (user) => passwords[user]!),
+    accounts: withSeatLimit(
+      accountsOf(options.users, (user) => passwords[user]!),
+      seat,
+      options.seatMaxFile,
+    ),
   };
   const confFile = join(stateDir, "nats-server.conf");
   // The port of the last start when it is free: clients connected to it find the server again after a crash.

@@ -23,6 +23,7 @@ export type {
   RefusedEvents,
   Run,
   RuntimeRecords,
+  Snapshot,
   StoreUse,
   StreamUse,
   ViewBucket,

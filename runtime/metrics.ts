@@ -87,6 +87,15 @@ export function declareMetric(
                 timer = setTimeout(() => reject(new Error(`collect gave no value within ${COLLECT_MS} ms`)), COLLECT_MS);
               });
               const value = await Promise.race([collect(), late]);
+              if (Array.isArray(value)) {
+                // Samples by labels: the gauge is exactly these.
+                const samples = value as { labels?: unknown; value?: unknown }[];
+                const bad = samples.find((s) => typeof s?.value !== "number" || !Number.isFinite(s.value) || typeof s.labels !== "object");
+                if (bad !== undefined) throw new Error(`collect returned a sample that is not { labels, value }: ${JSON.stringify(bad)}`);
+                gauge.reset();
+                for (const sample of samples) gauge.set(sample.labels as never, sample.value as number);
+                return;
+              }
               if (typeof value !== "number" || !Number.isFinite(value)) throw new Error(`collect returned ${String(value)}, not a number`);
               gauge.set(value);
             } catch (err) {
@@ -123,17 +132,18 @@ function storeGauges(registry: Registry, store: () => StoreUse): void {
         for (const [labels, value] of values(store())) this.set(labels as never, value);
       },
     });
-  each("jetstream_storing", "1 while JetStream stores the set's writes, 0 while it refuses them or does not answer", [], (use) =>
-    use.checkedAt === null ? [] : [[{}, use.refusing === null ? 1 : 0]],
-  );
-  each("jetstream_account_storage_bytes", "Bytes of JetStream file storage the seat's account uses", [], (use) =>
-    use.account === null ? [] : [[{}, use.account.bytes]],
-  );
+  // Gauges without labels always have a sample: each says what stands for "not known".
+  each("jetstream_storing", "1 while JetStream stores the set's writes, 0 while it refuses them or does not answer", [], (use) => [
+    [{}, use.refusing === null ? 1 : 0],
+  ]);
+  each("jetstream_account_storage_bytes", "Bytes of JetStream file storage the seat's account uses (-1 before it is known)", [], (use) => [
+    [{}, use.account?.bytes ?? -1],
+  ]);
   each(
     "jetstream_account_max_storage_bytes",
-    "The seat's account's JetStream file storage limit (absent: the server's applies)",
+    "The seat's account's own JetStream file storage limit (-1: none, the server's applies)",
     [],
-    (use) => (use.account?.maxBytes == null ? [] : [[{}, use.account.maxBytes]]),
+    (use) => [[{}, use.account?.maxBytes ?? -1]],
   );
   const streams = (use: StoreUse) => Object.values(use.streams);
   each("stream_bytes", "Bytes a stream the triggers use holds", ["stream"], (use) =>

@@ -150,8 +150,29 @@ export function providerPermissions(provider: string, config: Config, functions:
   };
 }
 
-/** A node's or provider's user: its account imports from the seat's every subject it may publish. */
-const imported = (role: "node" | "provider", user: string, permissions: Permissions): AuthorizedUser => ({
+/**
+ * The controller's permissions, in its own account (docs/buckets.md §2): write every key of the
+ * controller-written buckets (its assignments mirror) and read them back, open them (their
+ * stream's info), ask the seat's verbs, receive replies on its own `_INBOX.<controller>.>`.
+ * Nothing of the other buckets; every subject it publishes is one its account imports from the seat's.
+ */
+export function controllerPermissions(controller: string, config: Config, functions: readonly LoadedFunction[]): Permissions {
+  return {
+    publish: {
+      allow: unique([
+        "$JS.API.INFO",
+        ...Object.values(config.buckets)
+          .filter((b) => b.writtenBy === "controller")
+          .flatMap(({ bucket }) => [`$KV.${bucket}.>`, ...getsOf(bucket)]),
+        ...verbSubjects(functions),
+      ]),
+    },
+    subscribe: { allow: [`${inboxOf(controller)}.>`] },
+  };
+}
+
+/** A node's, provider's or controller's user: its account imports from the seat's every subject it may publish. */
+const imported = (role: "node" | "provider" | "controller", user: string, permissions: Permissions): AuthorizedUser => ({
   role,
   user,
   permissions,
@@ -165,12 +186,14 @@ const imported = (role: "node" | "provider", user: string, permissions: Permissi
 export function authorization(
   config: Config,
   functions: readonly LoadedFunction[],
-  names: { readonly nodes: readonly string[]; readonly providers: readonly string[] },
+  names: { readonly nodes: readonly string[]; readonly providers: readonly string[]; readonly controllers?: readonly string[] },
 ): AuthorizedUser[] {
-  checkUserNames([config.seat, ...names.nodes, ...names.providers]);
+  const controllers = names.controllers ?? [];
+  checkUserNames([config.seat, ...names.nodes, ...names.providers, ...controllers]);
   return [
     { role: "seat", user: config.seat, permissions: seatPermissions(config, functions) },
     ...names.nodes.map((node) => imported("node", node, nodePermissions(node, config, functions))),
     ...names.providers.map((p) => imported("provider", p, providerPermissions(p, config, functions))),
+    ...controllers.map((c) => imported("controller", c, controllerPermissions(c, config, functions))),
   ];
 }

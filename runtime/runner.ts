@@ -1,7 +1,7 @@
 /**
  * Running one function once, from its raw input: the payload parsed (empty is `{}`, not JSON a
  * 400), the input schema, the handler, its error said as a code (a `ServiceError` keeps its own,
- * anything else is a 500), the log line at the refusal's level, the run's metrics, and the
+ * NATS not answering a 503, anything else a 500), the log line at the refusal's level, the run's metrics, and the
  * runtime's records: a scheduled run's success, an event's refusal. No binding does any of this
  * itself (docs/runtime.md §6.2.1).
  */
@@ -31,7 +31,7 @@ export interface Runner {
   context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
   /**
    * Runs `fn` once from `input` (payload bytes, or a value already read). Never throws: bad
-   * input is a 400, a `ServiceError` keeps its code, anything else is logged and a 500. A refused
+   * input is a 400, a `ServiceError` keeps its code, NATS not answering (no responders, a timeout) a 503, anything else is logged and a 500. A refused
    * event is counted (`events_refused_total`, the records); when it cannot be counted the outcome
    * is a 500, so it comes again. A scheduled run (`cron`, `start`) that succeeded is recorded.
    */
@@ -132,8 +132,12 @@ export async function openRunner({
       if (err instanceof ServiceError) return refused(err, "refused");
       // No responders (503) or no answer: the bus is electing a leader or away; no stack to read.
       const code = (err as { code?: unknown }).code;
-      if (code === "503" || code === "TIMEOUT") ctx.log.warn({ err: (err as Error).message }, "handler failed: NATS did not answer");
-      else ctx.log.error({ err }, "handler failed");
+      if (code === "503" || code === "TIMEOUT") {
+        ctx.log.warn({ err: (err as Error).message }, "handler failed: NATS did not answer");
+        const why = code === "TIMEOUT" ? "no answer in time" : "no responders: JetStream off, or a leader being elected";
+        return { ok: false, error: { code: 503, message: refusalMessage(`${fn.name}: NATS did not answer (${why}); ask again`) } };
+      }
+      ctx.log.error({ err }, "handler failed");
       return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
     }
   };

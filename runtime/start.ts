@@ -106,8 +106,13 @@ export async function start(options: StartOptions): Promise<Running> {
           reassertFailed = undefined;
           break;
         } catch (err) {
+          // Said once at warn while it lasts; every 2 s at debug.
+          const first = reassertFailed === undefined;
           reassertFailed = (err as Error).message;
-          log.warn({ err: reassertFailed }, "buckets and streams not asserted again after the reconnect; trying again in 2 s");
+          log[first ? "warn" : "debug"](
+            { err: reassertFailed },
+            "buckets and streams not asserted again after the reconnect; trying again in 2 s",
+          );
           await new Promise((r) => setTimeout(r, 2000));
         }
       }

@@ -33,6 +33,13 @@ export interface Storage {
   close(): void;
 }
 
+/** A bucket read from the server both ways, where no live view is kept: each snapshot is a new one. */
+function serverView(server: ReadBucket): ViewBucket {
+  let made = 0;
+  const snapshot = () => ({ stamp: `server.${++made}`, reads: server });
+  return { ...server, local: server, confirmedAt: () => new Date(), snapshot: async () => snapshot(), localSnapshot: snapshot };
+}
+
 /**
  * Asserts the buckets ({@link assertBuckets}) and opens a live view ({@link openView}) of each
  * of `viewed` (config names), all at once, waiting until each has loaded its bucket. Throws,
@@ -58,7 +65,7 @@ export async function openStorage(nc: NatsConnection, config: Config, log: Logge
   return {
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
-    view: (name) => views.get(name) ?? { ...read(name), local: read(name), confirmedAt: () => new Date() },
+    view: (name) => views.get(name) ?? serverView(read(name)),
     records: recorder(
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),

@@ -31,7 +31,12 @@ export interface TestBus {
    * Kills the server (SIGKILL) and starts it again on the same port and store; with another
    * `max_payload` or `max_file_store` when given; with its JetStream store removed when `emptyStore` (a disk lost).
    */
-  restart(options?: { readonly maxPayload?: number; readonly emptyStore?: boolean; readonly maxFileStore?: number }): Promise<void>;
+  restart(options?: {
+    readonly maxPayload?: number;
+    readonly emptyStore?: boolean;
+    readonly maxFileStore?: number;
+    readonly seatMaxFile?: number;
+  }): Promise<void>;
   /** Closes every connection opened here, stops the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -54,11 +59,13 @@ export interface TestBusOptions {
   readonly under?: string;
   /** JetStream's file storage limit (`max_file_store`) in bytes. */
   readonly maxFileStore?: number;
+  /** The seat's account's own JetStream file storage limit (`max_file`) in bytes. */
+  readonly seatMaxFile?: number;
 }
 
 /**
  * Starts a nats-server for a test from `config` on a free port, with its store in a new
- * temporary folder, and the users the embedded default has: the seat, nodes and providers, with
+ * temporary folder, and the users the embedded default has: the seat, nodes, providers and the controller, with
  * the permissions derived from the function set.
  */
 export async function startTestBus(config: Config, options: TestBusOptions = {}): Promise<TestBus> {
@@ -66,12 +73,14 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
   const users = authorization(config, options.functions ?? (await loadFunctions(config)), {
     nodes: options.nodes ?? config.embedded.nodes,
     providers: options.providers ?? config.embedded.providers,
+    controllers: config.embedded.controllers,
   });
   const embedded = {
     stateDir: dir,
     users: options.seatPermissions ? [{ ...users[0]!, permissions: options.seatPermissions }, ...users.slice(1)] : users,
     maxPayload: options.maxPayload,
     maxFileStore: options.maxFileStore,
+    seatMaxFile: options.seatMaxFile,
   };
   let server = await startEmbedded(embedded);
   const opened: NatsConnection[] = [];
@@ -101,11 +110,16 @@ export async function startTestBus(config: Config, options: TestBusOptions = {})
       const name = config.buckets[bucket]?.bucket ?? bucket;
       return (await connect(user)).jetstream().views.kv(name, { bindOnly: true, allow_direct: true });
     },
-    restart: async ({ maxPayload = embedded.maxPayload, emptyStore = false, maxFileStore = embedded.maxFileStore } = {}) => {
+    restart: async ({
+      maxPayload = embedded.maxPayload,
+      emptyStore = false,
+      maxFileStore = embedded.maxFileStore,
+      seatMaxFile = embedded.seatMaxFile,
+    } = {}) => {
       process.kill(server.pid, "SIGKILL");
       await server.stop();
       if (emptyStore) rmSync(join(dir, "jetstream"), { recursive: true, force: true });
-      server = await startEmbedded({ ...embedded, maxPayload, maxFileStore, port: server.port });
+      server = await startEmbedded({ ...embedded, maxPayload, maxFileStore, seatMaxFile, port: server.port });
     },
     stop: async () => {
       await Promise.all(opened.map((nc) => nc.close()));
@@ -141,6 +155,7 @@ export async function startTestCluster(config: Config, options: Omit<TestBusOpti
   const users = authorization(config, options.functions ?? (await loadFunctions(config)), {
     nodes: options.nodes ?? config.embedded.nodes,
     providers: options.providers ?? config.embedded.providers,
+    controllers: config.embedded.controllers,
   });
   // And an operator who may do anything: a test's view from outside ($SRV.STATS, stream infos).
   const operator: AuthorizedUser = {

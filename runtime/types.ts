@@ -83,6 +83,23 @@ export interface ViewBucket extends ReadBucket {
    * says now.
    */
   confirmedAt(): Date | null;
+  /**
+   * Once the view holds every write acknowledged before the call (one check, as a read makes):
+   * reads answered from what it holds then, and its stamp. When the view cannot tell, reads
+   * from the server and a stamp never given before. Throws as a read does.
+   */
+  snapshot(): Promise<Snapshot>;
+  /** What the view holds now, without asking the server (as `local`), and its stamp. */
+  localSnapshot(): Snapshot;
+}
+
+/**
+ * Reads of one state of a view, and a stamp of that state: two snapshots with the same stamp
+ * hold the same keys and values, so what is derived from one holds for the other.
+ */
+export interface Snapshot {
+  readonly stamp: string;
+  readonly reads: ReadBucket;
 }
 
 /** The clock a function reads time from; tests may hand in their own. */
@@ -110,7 +127,8 @@ export interface GaugeMetric {
  * A metric a function declares, served on `GET /metrics` beside the runtime's: a Prometheus
  * name (`[a-zA-Z_:][a-zA-Z0-9_:]*`, once in the whole set), its help text and label names. A
  * gauge's `collect` is called at every scrape (trigger `scrape`, same `ctx` as the handler) and
- * the gauge is then its answer; a throw keeps the previous value and logs a warning.
+ * the gauge is then its answer (one value, or samples by labels); a throw keeps the previous
+ * value and logs a warning.
  */
 export type MetricDeclaration<Ctx = never> =
   | { readonly type: "counter"; readonly help: string; readonly labels?: readonly string[] }
@@ -118,8 +136,11 @@ export type MetricDeclaration<Ctx = never> =
       readonly type: "gauge";
       readonly help: string;
       readonly labels?: readonly string[];
-      readonly collect?: (ctx: Ctx) => number | Promise<number>;
+      readonly collect?: (ctx: Ctx) => GaugeValue | Promise<GaugeValue>;
     };
+
+/** What a gauge's `collect` answers: its one value, or its samples by labels (the gauge is then exactly those). */
+export type GaugeValue = number | readonly { readonly labels: Labels; readonly value: number }[];
 
 /** The handle `ctx.metrics` holds for each declared metric, by the metric's type. */
 export type MetricHandles<Declared> = {

@@ -18,8 +18,8 @@ export interface Permissions {
   readonly subscribe: { readonly allow: readonly string[] };
 }
 
-/** The three roles of the mesh's bus as this function set sees them (docs/mesh.md §1, docs/buckets.md §2). */
-export type Role = "seat" | "node" | "provider";
+/** The roles of the mesh's bus as this function set sees them (docs/mesh.md §1, docs/buckets.md §2). */
+export type Role = "seat" | "node" | "provider" | "controller";
 
 /**
  * A user of the bus and its account (docs/runtime.md §6.7): users of the role `seat` share the
@@ -85,7 +85,8 @@ export function userPasswords(stateDir: string, names: readonly string[]): Recor
 
 /** An account of nats-server's `accounts` block. */
 export interface AccountConf {
-  readonly jetstream?: "enabled";
+  /** JetStream for the account: on with the server's limits, or with a file storage limit of its own in bytes. */
+  readonly jetstream?: "enabled" | { readonly max_file: number };
   readonly users: readonly { readonly user: string; readonly password: string; readonly permissions: Permissions }[];
   readonly exports?: readonly { readonly service: string; readonly accounts: readonly string[] }[];
   readonly imports?: readonly { readonly service: { readonly account: string; readonly subject: string } }[];

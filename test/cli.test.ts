@@ -102,25 +102,37 @@ describe("the embedded default, end to end", () => {
 
     const demo = await cli(config, ["demo"]);
     expect(demo.stderr).toBe("");
-    expect(demo.stdout).toContain("birch: wrote 30 records as node birch");
+    expect(demo.stdout).toContain("birch: wrote 32 records as node birch");
+    expect(demo.stdout).toContain("mesh-controller: wrote 21 assignments as the controller");
     expect(demo.stdout).toContain("keycloak: published keycloak.provisioner.failing for grafana on dogwood");
 
     // The demo's identity provider fails grafana on dogwood until it recovers.
     const failing = await cli(config, ["status"]);
     expect(failing.code).toBe(1);
     expect(failing.stdout).toMatch(
-      /^NOT WELL: 1 failing\n\nPROVIDER +MACHINE +CONSUMER +FAILING FOR +WORD\nkeycloak +dogwood +grafana +\d+s +invalid_client: /,
+      /^NOT WELL: 1 failing; 5 modules not well\n\nPROVIDER +MACHINE +CONSUMER +FAILING FOR +WORD\nkeycloak +dogwood +grafana +\d+s +invalid_client: /,
     );
     expect(failing.stdout).toMatch(/^registry: 13 kinds, compiled \d+s ago \(/m);
     expect(JSON.parse((await cli(config, ["status", "--machine", "dogwood", "--json"])).stdout).failing[0]).toMatchObject({
       provider: "keycloak",
       consumer: "grafana",
     });
-    expect((await cli(config, ["status", "--machine", "birch"])).code).toBe(0);
+    expect((await cli(config, ["status", "--machine", "cedar", "--consumer", "motd"])).code).toBe(0);
+    // Every state and condition of docs/state.md §7 shows after the demo.
+    const state = await cli(config, ["state", "--json"]);
+    const states = (JSON.parse(state.stdout) as { entries: { key: string; state: string; conditions: { type: string }[] }[] }).entries;
+    expect(new Set(states.map((m) => m.state))).toEqual(
+      new Set(["unassigned", "never-ran", "pending", "failed", "declares-nothing", "applied"]),
+    );
+    expect(new Set(states.flatMap((m) => m.conditions.map((c) => c.type)))).toEqual(
+      new Set(["Unanswerable", "ProviderNotAssigned", "ProviderNotReady", "ProviderFailing", "OutOfShape"]),
+    );
     const recovered = await cli(config, ["demo", "--recover"]);
-    expect(recovered.stdout).toContain("WELL: nothing fails");
-    const well = await cli(config, ["status"]);
+    expect(recovered.stdout).toContain("NOT WELL: 5 modules not well");
+    const well = await cli(config, ["status", "--provider", "keycloak"]);
     expect([well.code, well.stdout.split("\n")[0]]).toEqual([0, "WELL: nothing fails"]);
+    const modules = await cli(config, ["status"]);
+    expect([modules.code, modules.stdout.split("\n")[0]]).toEqual([1, "NOT WELL: 5 modules not well"]);
 
     const ask = await cli(config, ["ask", "needs", "--node", "birch", "--module", "gitea"]);
     expect(ask.code).toBe(0);
@@ -135,16 +147,18 @@ describe("the embedded default, end to end", () => {
     ).toEqual([
       "NODE|MODULE|KIND|NAME",
       "birch|gitea|bound|postgres/address",
+      "birch|gitea|bound|redis/address",
       "birch|gitea|collected|ssh-keys",
       "birch|gitea|config|app_name",
       "birch|gitea|dir|state",
       "birch|gitea|port|http",
       "birch|gitea|secret|admin_password",
-      "6 needs entries",
+      "birch|gitea|wormhole|exit",
+      "8 needs entries",
       "",
     ]);
     const whole = await cli(config, ["ask", "needs", "--node", "birch"]);
-    expect(whole.stdout).toContain("18 needs entries");
+    expect(whole.stdout).toContain("20 needs entries");
     const json = JSON.parse(
       (await cli(config, ["ask", "collect", "--collection", "shell:zsh:normal", "--node", "birch", "--json"])).stdout,
     );
@@ -176,7 +190,7 @@ describe("the embedded default, end to end", () => {
     // A restart keeps what the nodes wrote: the store is under the state folder.
     const again = await startCli(config);
     children.push(again.child);
-    expect((await cli(config, ["ask", "needs", "--node", "birch"])).stdout).toContain("18 needs entries");
+    expect((await cli(config, ["ask", "needs", "--node", "birch"])).stdout).toContain("20 needs entries");
     again.child.kill("SIGINT");
     expect(await again.exited).toBe(0);
   });
@@ -215,7 +229,7 @@ export default defineFunction({
     writeFileSync(
       config,
       `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
-        `const { registry: _, alerts: __, ...rest } = base as Record<string, unknown>;\n` +
+        `const { registry: _, alerts: __, provisioning: ___, ...rest } = base as Record<string, unknown>;\n` +
         `export default { ...rest, functions: "functions", state: "state" };\n`,
     );
     const child = spawn("node", [BIN, "-c", config, "start"], { env: cleanEnv(), cwd: ROOT });

@@ -59,7 +59,7 @@ export default defineFunction({
 `,
   );
   // The bus grants the seat what both probe function sets need, derived from them.
-  const { registry: _, ...config } = (await projectConfig()) as Config & { registry?: unknown };
+  const { registry: _, provisioning: __, ...config } = (await projectConfig()) as Config & { registry?: unknown; provisioning?: unknown };
   const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"] } };
   const both = [...(await loadFunctions(probe)), ...(await loadFunctions({ ...probe, functions: otherDir }))];
   bus = await startTestBus(probe, { functions: both, providers: ["prober"] });
@@ -76,7 +76,7 @@ const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, ma
 
 /** The test bus's config with only the probe function and its stream. */
 function probeConfig(): Config {
-  const { registry: _, ...config } = bus.config as Config & { registry?: unknown };
+  const { registry: _, provisioning: __, ...config } = bus.config as Config & { registry?: unknown; provisioning?: unknown };
   return { ...config, functions: dir, streams: PROBE_STREAMS };
 }
 

@@ -285,6 +285,8 @@ describe("JetStream's storage limit reached (max_file_store 40 MB)", () => {
       const metrics = await (await fetch(`${running.httpUrl}/metrics`)).text();
       expect(metric(metrics, "jetstream_storing")).toBe(0);
       expect(metric(metrics, "jetstream_account_storage_bytes")).toBeGreaterThan(35 * MiB);
+      // The account has no limit of its own: the server's applies.
+      expect(metric(metrics, "jetstream_account_max_storage_bytes")).toBe(-1);
       expect(metrics).toContain(`stream_max_bytes{stream="mesh-provisioner_events"} ${4 * MiB}`);
       // What a provider publishes now is refused, not lost silently.
       await expect(failing("during")).rejects.toThrow();
@@ -312,6 +314,34 @@ describe("JetStream's storage limit reached (max_file_store 40 MB)", () => {
         10_000,
         "the event published after is followed",
       );
+    } finally {
+      await running.stop();
+      await limited.stop();
+    }
+  }, 120_000);
+});
+
+describe("the seat's account's own JetStream limit reached (max_file 24 MiB)", () => {
+  it("is said though the probe's own key is overwritten, and the set serves again once the account may store", async () => {
+    const limited = await testBus({ seatMaxFile: 24 * MiB });
+    const running = await startSet(limited, smallEvents(limited));
+    try {
+      const { acked, refusal } = await fillAsAlder(await limited.kv("needs", "alder"));
+      expect(refusal.api_error?.description).toMatch(/resource limits exceeded for account/);
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 503, 10_000, "not ready");
+      const status = (await (await fetch(`${running.httpUrl}/status`)).json()) as Status;
+      expect(status.events.recording).toBe(false);
+      expect(status.events.reason).toContain("the account's storage is full");
+      expect(status.events.account!.maxBytes).toBe(24 * MiB);
+      const metrics = await (await fetch(`${running.httpUrl}/metrics`)).text();
+      expect(metric(metrics, "jetstream_storing")).toBe(0);
+      expect(metric(metrics, "jetstream_account_max_storage_bytes")).toBe(24 * MiB);
+
+      await limited.restart({ seatMaxFile: 200 * MiB });
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 30_000, "ready again");
+      const keys = new Set<string>();
+      for await (const key of await (await limited.kv("needs")).keys("alder.>")) keys.add(key);
+      expect(acked.filter((key) => !keys.has(key))).toEqual([]);
     } finally {
       await running.stop();
       await limited.stop();

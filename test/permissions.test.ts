@@ -188,14 +188,22 @@ describe("the seat's permissions, derived from the functions", () => {
       },
     );
     expect(printed).toBe(
-      `${toConf(authorization(config, await loadFunctions(config), { nodes: ["alder"], providers: ["keycloak"] })).trimEnd()}\n`,
+      `${toConf(
+        authorization(config, await loadFunctions(config), { nodes: ["alder"], providers: ["keycloak"], controllers: ["mesh-controller"] }),
+      ).trimEnd()}\n`,
     );
     const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-printed-"));
     try {
       const server = await spawnNatsServer({
         conf: `${printed}\njetstream { store_dir: ${JSON.stringify(join(dir, "store"))} }`,
         confFile: join(dir, "nats-server.conf"),
-        env: { ...process.env, MESH_PROVISIONER_PASSWORD: "seat-pw", ALDER_PASSWORD: "alder-pw", KEYCLOAK_PASSWORD: "kc-pw" },
+        env: {
+          ...process.env,
+          MESH_PROVISIONER_PASSWORD: "seat-pw",
+          ALDER_PASSWORD: "alder-pw",
+          KEYCLOAK_PASSWORD: "kc-pw",
+          MESH_CONTROLLER_PASSWORD: "mc-pw",
+        },
       });
       try {
         const set = await start({

@@ -1,5 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { answerPage as pageText, cursorAfter, provisioningRequest, requestFilters, type Answer } from "../functions/_lib/provisioning.ts";
+import {
+  answerPage as pageText,
+  cursorAfter,
+  provisioningRequest,
+  requestFilters,
+  type Answer,
+  type BucketRequest,
+} from "../functions/_lib/provisioning.ts";
 
 /** A page as a client reads it: the parsed answer, and the bytes of its JSON. */
 const answerPage = (...args: Parameters<typeof pageText>): Answer & { bytes: number } => {
@@ -14,7 +21,7 @@ const entry = (key: string, value: string, revision = 1): Entry => ({
   revision,
   created: new Date("2026-11-29T18:00:00.000Z"),
 });
-const parse = (raw: unknown) => provisioningRequest.parse(raw);
+const parse = (raw: unknown) => provisioningRequest.parse(raw) as BucketRequest;
 const refusal = (raw: unknown) => {
   const r = provisioningRequest.safeParse(raw);
   return r.success ? "accepted" : formatIssues(r.error.issues);
@@ -34,7 +41,7 @@ describe("the request (docs/verb.md §4)", () => {
 
   it("names every field that does not apply, and what it narrows", () => {
     expect(refusal({ what: "registry", node: "n1", contributor: "docker" })).toBe(
-      "node: does not apply to what=registry (it narrows needs, applied, collect); " +
+      "node: does not apply to what=registry (it narrows needs, applied, collect, state); " +
         "contributor: does not apply to what=registry (it narrows collect)",
     );
   });

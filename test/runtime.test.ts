@@ -59,7 +59,7 @@ export default defineFunction({
 
 /** The test bus's config with its functions folder at `dir`, and none of the project's fields. */
 function configFor(dir: string): Config {
-  const { registry: _, ...config } = bus.config as Config & { registry?: unknown };
+  const { registry: _, provisioning: __, ...config } = bus.config as Config & { registry?: unknown; provisioning?: unknown };
   return { ...config, functions: dir };
 }
 
@@ -123,7 +123,7 @@ describe("loading function files", () => {
       `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
       `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }`,
       // checks of the set against the config come after the checks of each file
-      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing)`,
+      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments)`,
     ]);
   });
 });
@@ -469,7 +469,7 @@ export default defineFunction({
         fn("bad-name.ts", `{ "probe-total": { type: "counter", help: "h" } }`),
         fn(
           "bad-labels.ts",
-          `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", labels: ["a"], collect: () => 1 }, probe_c: { type: "counter", help: "h", labels: ["a", "a"] } }`,
+          `{ probe_a: { type: "counter", help: "h", labels: ["__x"] }, probe_b: { type: "gauge", help: "h", collect: 1 }, probe_c: { type: "counter", help: "h", labels: ["a", "a"] } }`,
         ),
         fn("object-name.ts", `{ constructor: { type: "counter", help: "h" } }`),
       ]),
@@ -477,7 +477,7 @@ export default defineFunction({
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
     const f = (name: string) => shown(join(dir, name));
     expect((failure as LoadError).problems).toEqual([
-      `${f("bad-labels.ts")}: not a valid function: metrics.probe_a.labels.0: must not start with __ (Prometheus's own); metrics.probe_b.labels: a gauge with collect has no labels (collect gives one value); metrics.probe_c.labels: must not name a label twice`,
+      `${f("bad-labels.ts")}: not a valid function: metrics.probe_a.labels.0: must not start with __ (Prometheus's own); metrics.probe_b.collect: must be a function (ctx) => number or samples; metrics.probe_c.labels: must not name a label twice`,
       `${f("bad-name.ts")}: not a valid function: metrics.probe-total: must be a Prometheus metric name: letters, digits, _ and :, not starting with a digit`,
       `${f("object-name.ts")}: not a valid function: metrics.constructor: must not start with __ nor be a name every JavaScript object has`,
       `${f("own.ts")}: metrics.function_run_seconds_bucket: the runtime's own metric (or one of its samples)`,

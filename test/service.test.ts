@@ -29,12 +29,21 @@ describe("the NATS service", () => {
     expect(Object.keys(endpoints).sort()).toEqual(["provisioning", "status"]);
     expect(endpoints.provisioning!.subject).toBe("mesh-provisioner.provisioning");
     const request = JSON.parse(endpoints.provisioning!.metadata!.request_schema!);
-    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect"]);
+    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect", "state"]);
     expect(request.additionalProperties).toBe(false);
     const answer = JSON.parse(endpoints.provisioning!.metadata!.response_schema!);
     expect(answer.required).toEqual(["what", "entries", "outOfShape"]);
     const status = JSON.parse(endpoints.status!.metadata!.response_schema!);
-    expect(Object.keys(status.properties)).toEqual(["well", "failing", "outOfShape", "omitted", "registry", "rejectedEvents", "events"]);
+    expect(Object.keys(status.properties)).toEqual([
+      "well",
+      "failing",
+      "outOfShape",
+      "omitted",
+      "registry",
+      "rejectedEvents",
+      "events",
+      "provisioning",
+    ]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
   });
 

@@ -72,6 +72,11 @@ describe("status as the CLI prints it", () => {
       unacknowledged: 0,
       ackWaitSeconds: 30,
     },
+    provisioning: {
+      counts: { unassigned: 0, "never-ran": 0, pending: 0, failed: 0, "declares-nothing": 0, applied: 3 },
+      notWell: [],
+      omitted: 0,
+    },
   });
 
   it("says how long each has failed, in two units", () => {

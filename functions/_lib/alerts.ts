@@ -3,6 +3,7 @@ import { z } from "zod";
 import type { KeyRecord } from "../../runtime/index.ts";
 import { keptOf } from "./follower.ts";
 import { decodeKey } from "./keys.ts";
+import type { ModuleState } from "./state.ts";
 
 /** The alert name every failing triple is raised under. */
 export const ALERTNAME = "ProvisioningFailing";
@@ -101,4 +102,40 @@ export async function postAlerts(config: AlertsConfig & { alertmanager: string }
     },
     { retries: config.retries, minTimeout: config.backoffMs, factor: 2, randomize: true },
   );
+}
+
+/** The alert name every module that counts against the mesh is raised under (docs/state.md §7.6). */
+export const MODULE_ALERTNAME = "ProvisioningNotWell";
+
+/**
+ * The alerts of the modules that count against the mesh (docs/state.md §7.6): one firing per
+ * module (labels `alertname`, `node`, `module`, `state`, `condition`: its first condition's type,
+ * or `none`; `startsAt` its state's `since`), and a resolved one (`endsAt` now) for each alert
+ * `raised` before whose module no longer counts, or counts under other labels. Returns the
+ * alerts and what is raised after them, to hand to the next call.
+ */
+export function moduleAlertsOf(
+  notWell: readonly ModuleState[],
+  raised: ReadonlyMap<string, PostableAlert>,
+  now: Date,
+): { alerts: PostableAlert[]; raised: Map<string, PostableAlert> } {
+  const next = new Map<string, PostableAlert>();
+  for (const m of notWell) {
+    const condition = m.conditions[0];
+    next.set(m.key, {
+      labels: { alertname: MODULE_ALERTNAME, node: m.node, module: m.module, state: m.state, condition: condition?.type ?? "none" },
+      annotations: {
+        summary: `${m.module} on ${m.node} is ${m.state}${condition === undefined ? "" : `: ${condition.type}: ${condition.message}`}`,
+      },
+      startsAt: notLater(m.since, now),
+    });
+  }
+  const resolved: PostableAlert[] = [];
+  for (const [key, alert] of raised) {
+    const current = next.get(key);
+    if (current === undefined || JSON.stringify(current.labels) !== JSON.stringify(alert.labels)) {
+      resolved.push({ ...alert, endsAt: now.toISOString() });
+    }
+  }
+  return { alerts: [...next.values(), ...resolved], raised: next };
 }

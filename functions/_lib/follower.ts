@@ -1,6 +1,7 @@
 import { z } from "zod";
 import {
   badInput,
+  formatIssues,
   keyedSerial,
   RevisionConflict,
   type KeyRecord,
@@ -8,7 +9,7 @@ import {
   type TriggerInfo,
   type WriteBucket,
 } from "../../runtime/index.ts";
-import { MAX_TOKEN, TOKEN, token } from "./keys.ts";
+import { decodeKey, MAX_TOKEN, TOKEN, token } from "./keys.ts";
 import { compareTimes, rfc3339 } from "./times.ts";
 
 /** The longest failing word kept, in characters; a longer one is cut, never refused. */
@@ -190,4 +191,44 @@ async function applyTo(bucket: WriteBucket, key: string, event: Event, held: Rea
       if (!(err instanceof RevisionConflict) || attempt === MAX_ATTEMPTS) throw err;
     }
   }
+}
+
+/** One failing triple of status. */
+export interface Failing {
+  readonly provider: string;
+  readonly machine: string;
+  readonly consumer: string;
+  readonly word: string;
+  readonly since: string;
+  readonly at: string;
+}
+
+const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+const byTriple = (a: Failing, b: Failing) => order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
+
+/** The failing triples and out-of-shape keys among the live keys of the failing bucket. */
+export function failingOf(entries: readonly { key: string; value: Uint8Array }[]): {
+  failing: Failing[];
+  outOfShape: { key: string; reason: string }[];
+} {
+  const failing: Failing[] = [];
+  const outOfShape: { key: string; reason: string }[] = [];
+  for (const { key, value } of entries) {
+    const decoded = decodeKey("failing", key);
+    if (!decoded.ok) {
+      outOfShape.push({ key, reason: decoded.reason });
+      continue;
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(decoder.decode(value));
+    } catch (err) {
+      outOfShape.push({ key, reason: `value is not JSON: ${(err as Error).message}` });
+      continue;
+    }
+    const checked = failingValue.safeParse(json);
+    if (!checked.success) outOfShape.push({ key, reason: `value is not { word, since, at }: ${formatIssues(checked.error.issues)}` });
+    else failing.push({ ...decoded.fields, ...checked.data });
+  }
+  return { failing: failing.sort(byTriple), outOfShape };
 }

@@ -83,6 +83,7 @@ export const SHAPES = {
   applied: ["node", "module"],
   collect: ["node", "collection", "contributor"],
   failing: ["provider", "machine", "consumer"],
+  assignments: ["node", "module"],
 } as const;
 
 /** A bucket's key shape, by the bucket's name in {@link SHAPES}. */

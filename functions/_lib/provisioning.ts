@@ -4,6 +4,7 @@ import { z } from "zod";
 import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
 import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
+import { countsAgainst, firstAtOrAfter, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
 
 /** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";
@@ -46,8 +47,16 @@ export const DEFAULT_WHAT = WHATS[0];
 /** Every narrowing field, in the order of {@link VERB_SHAPE}. */
 export const NARROWINGS = Object.keys(VERB_SHAPE.narrowings) as Narrowing[];
 
+/** The `what` of the module states (docs/state.md §7), answered from the views of several buckets, not one. */
+export const STATE = "state";
+/** Every `what` a request may name: the buckets' and the module states. */
+export const ASKED = [...WHATS, STATE] as const;
+export type Asked = (typeof ASKED)[number];
+/** What the module states narrow by: the node and module of their keys. */
+export const STATE_NARROWINGS = ["node", "module"] as const satisfies readonly Narrowing[];
+
 /** The narrowing fields `what` takes. */
-const narrowingsOf = (what: What): readonly Narrowing[] => VERB_SHAPE.whats[what].narrowings;
+const narrowingsOf = (what: Asked): readonly Narrowing[] => (what === STATE ? STATE_NARROWINGS : VERB_SHAPE.whats[what].narrowings);
 
 export const DEFAULT_LIMIT = 1000;
 export const MAX_LIMIT = 10_000;
@@ -70,8 +79,10 @@ const narrowingFields = Object.fromEntries(
  */
 export const provisioningRequest = z
   .strictObject({
-    what: z.enum(WHATS).default(DEFAULT_WHAT),
+    what: z.enum(ASKED).default(DEFAULT_WHAT),
     ...narrowingFields,
+    // With what=state: one state of docs/state.md §7.
+    state: z.enum(STATES).optional(),
     limit: count.default(DEFAULT_LIMIT),
     cursor: z.string().min(1).optional(),
     // Answer from the live view without asking the server whether it is current (docs/verb.md §4.6).
@@ -83,7 +94,7 @@ export const provisioningRequest = z
     const applies = narrowingsOf(request.what);
     for (const field of NARROWINGS) {
       if (request[field] !== undefined && !applies.includes(field)) {
-        const takers = WHATS.filter((what) => narrowingsOf(what).includes(field));
+        const takers = ASKED.filter((what) => narrowingsOf(what).includes(field));
         ctx.addIssue({
           code: "custom",
           path: [field],
@@ -91,20 +102,28 @@ export const provisioningRequest = z
         });
       }
     }
+    if (request.state !== undefined && request.what !== STATE) {
+      ctx.addIssue({ code: "custom", path: ["state"], message: `does not apply to what=${request.what} (it narrows ${STATE})` });
+    }
   });
 
 export type ProvisioningRequest = z.output<typeof provisioningRequest>;
+/** A request of one bucket's view (every `what` but {@link STATE}). */
+export type BucketRequest = ProvisioningRequest & { readonly what: What };
 
 /**
  * The members of an answer page (docs/verb.md §4), in the order its JSON text writes them: the schema
  * of the service's description ($SRV.INFO) and the page's text are both made from it.
  */
 const ANSWER_MEMBERS = {
-  what: z.enum(WHATS),
+  what: z.enum(ASKED),
   entries: z.array(
-    z
-      .looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() })
-      .describe("the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it"),
+    z.union([
+      z
+        .looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() })
+        .describe("the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it"),
+      moduleStateSchema.describe("with what=state: a module's state, since when, and its conditions (docs/state.md §7)"),
+    ]),
   ),
   // Each a key the narrowing reached that is not an entry, and why.
   outOfShape: z.array(z.object({ key: z.string(), reason: z.string() })),
@@ -133,11 +152,12 @@ function answerText(members: { readonly [M in keyof Answer]: string }): string {
 
 /** The narrowing of a request, as key fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
-  return Object.fromEntries(narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]])));
+  const fields = narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]]));
+  return Object.fromEntries(request.state === undefined ? fields : [...fields, ["state", request.state]]);
 }
 
 /** The key filters a request reads with: never the whole bucket when it narrows. */
-export function requestFilters(request: ProvisioningRequest): string[] {
+export function requestFilters(request: BucketRequest): string[] {
   return filtersFor(request.what, narrowingOf(request));
 }
 
@@ -258,7 +278,7 @@ function madeItem(what: What, entry: Entry, remember: boolean): { item: Item; si
 }
 
 /** The members of an empty page of `what`, as JSON text. */
-const emptyPage = (what: What) => ({ what: JSON.stringify(what), entries: "[]", outOfShape: "[]" });
+const emptyPage = (what: Asked) => ({ what: JSON.stringify(what), entries: "[]", outOfShape: "[]" });
 
 /**
  * Bytes a page counts for its `next` besides the cursor: those of `,"next":""`, and one spare
@@ -278,7 +298,7 @@ const NEXT_BYTES =
  * request's (made from it when not given, which throws a 400 for a cursor not issued for it).
  */
 export function answerPage(
-  request: ProvisioningRequest,
+  request: BucketRequest,
   reached: readonly Entry[],
   maxPayload: number,
   cursors: Cursors = cursorsOf(request),
@@ -316,3 +336,75 @@ export function answerPage(
     }),
   );
 }
+
+/**
+ * One page of the module states (docs/state.md §7.5) of `model` at `now`, narrowed by the
+ * request's node, module and state, in key order, paged as {@link answerPage} pages: at most
+ * `limit` entries and `maxPayload` bytes less a headroom. `outOfShape` holds the keys that name
+ * no module (on the first page, when the request narrows by no node or module).
+ */
+export function answerStatePage(
+  request: ProvisioningRequest,
+  model: Model,
+  now: Date,
+  graceSeconds: number,
+  maxPayload: number,
+  cursors: Cursors = cursorsOf(request),
+  confirmedAt?: Date | null,
+): JsonText {
+  const confirmed = confirmedAt === undefined ? {} : { confirmedAt: JSON.stringify(confirmedAt?.toISOString() ?? null) };
+  const { node, module, state } = request;
+  const from = Math.max(
+    node === undefined ? 0 : firstAtOrAfter(model, `${node}.`),
+    cursors.after === undefined ? 0 : firstAtOrAfter(model, `${cursors.after}\u0000`),
+  );
+  const budget = maxPayload - HEADROOM;
+  const misshapen =
+    node === undefined && module === undefined && cursors.after === undefined ? model.outOfShape.map((o) => JSON.stringify(o)) : [];
+  let size =
+    Buffer.byteLength(answerText({ ...emptyPage(STATE), ...confirmed })) + misshapen.reduce((n, o) => n + Buffer.byteLength(o) + 1, 0);
+  const entries: string[] = [];
+  let lastKey: string | undefined;
+  let more = false;
+  for (let i = from; i < model.modules.length; i++) {
+    const kept = model.modules[i]!;
+    const m = kept.base;
+    if (node !== undefined && m.node !== node) break;
+    if (module !== undefined && m.module !== module) continue;
+    const at = stateAt(kept, now, graceSeconds);
+    if (state !== undefined && at.state !== state) continue;
+    if (entries.length === request.limit) {
+      more = true;
+      break;
+    }
+    const text = entryText(kept, at);
+    const itemSize = Buffer.byteLength(text) + 1;
+    if (entries.length > 0 && size + itemSize + NEXT_BYTES + cursors.length(m.key) > budget) {
+      more = true;
+      break;
+    }
+    entries.push(text);
+    size += itemSize;
+    lastKey = m.key;
+  }
+  return new JsonText(
+    answerText({
+      what: JSON.stringify(STATE),
+      entries: `[${entries.join(",")}]`,
+      outOfShape: `[${misshapen.join(",")}]`,
+      ...(more && lastKey !== undefined ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
+      ...confirmed,
+    }),
+  );
+}
+
+// A module's entry text while it is unchanged and not Late: the model keeps the same object.
+const entryTexts = new WeakMap<object, string>();
+function entryText(kept: { base: object }, at: object): string {
+  if (at !== kept.base) return JSON.stringify(at);
+  let text = entryTexts.get(kept.base);
+  if (text === undefined) entryTexts.set(kept.base, (text = JSON.stringify(kept.base)));
+  return text;
+}
+
+export { countsAgainst };

@@ -1,14 +1,15 @@
 import { z } from "zod";
-import { formatIssues, type ReadBucket, type StoreUse } from "../../runtime/index.ts";
-import { EVENTS_STREAM, failingValue } from "./follower.ts";
-import { decodeKey, filtersFor, token } from "./keys.ts";
+import type { ReadBucket, StoreUse } from "../../runtime/index.ts";
+import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
+import { filtersFor, token } from "./keys.ts";
+import { provisioningSchema, type Provisioning } from "./state.ts";
 
 /** The status verb's subject (docs/failing.md §5). */
 export const STATUS = "mesh-provisioner.status";
 /** The function whose last scheduled run is the registry's `compiledAt`. */
 export const COMPILE_FUNCTION = "registry-compile";
 
-const decoder = new TextDecoder();
+export { failingOf, type Failing };
 
 /** The narrowing of status: each a token, like the verb's (docs/verb.md §4). */
 export const statusRequest = z.strictObject({
@@ -17,16 +18,6 @@ export const statusRequest = z.strictObject({
   consumer: token.optional(),
 });
 export type StatusRequest = z.output<typeof statusRequest>;
-
-/** One failing triple of status. */
-export interface Failing {
-  readonly provider: string;
-  readonly machine: string;
-  readonly consumer: string;
-  readonly word: string;
-  readonly since: string;
-  readonly at: string;
-}
 
 /** The status answer (docs/failing.md §5). */
 export interface Status {
@@ -42,6 +33,8 @@ export interface Status {
   /** Events the follower refused (not JSON, or not an event), since the bucket was made. */
   readonly rejectedEvents: number;
   readonly events: Events;
+  /** Modules by state, and those that count against the mesh (docs/state.md §7.5). */
+  readonly provisioning: Provisioning;
 }
 
 /** Whether the mesh can record providers' events now, and what the follower holds of them (docs/failing.md §5.6). */
@@ -88,6 +81,7 @@ export const statusAnswer = z.object({
     unacknowledged: z.number().int(),
     ackWaitSeconds: z.number().nullable(),
   }),
+  provisioning: provisioningSchema,
 }) satisfies z.ZodType<Status>;
 
 /**
@@ -111,33 +105,6 @@ export function eventsOf(store: StoreUse): Events {
   };
 }
 
-const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
-const byTriple = (a: Failing, b: Failing) => order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
-
-/** The failing triples and out-of-shape keys among the live keys of the failing bucket. */
-export function failingOf(entries: readonly { key: string; value: Uint8Array }[]): Pick<Status, "failing" | "outOfShape"> {
-  const failing: Failing[] = [];
-  const outOfShape: { key: string; reason: string }[] = [];
-  for (const { key, value } of entries) {
-    const decoded = decodeKey("failing", key);
-    if (!decoded.ok) {
-      outOfShape.push({ key, reason: decoded.reason });
-      continue;
-    }
-    let json: unknown;
-    try {
-      json = JSON.parse(decoder.decode(value));
-    } catch (err) {
-      outOfShape.push({ key, reason: `value is not JSON: ${(err as Error).message}` });
-      continue;
-    }
-    const checked = failingValue.safeParse(json);
-    if (!checked.success) outOfShape.push({ key, reason: `value is not { word, since, at }: ${formatIssues(checked.error.issues)}` });
-    else failing.push({ ...decoded.fields, ...checked.data });
-  }
-  return { failing: failing.sort(byTriple), outOfShape };
-}
-
 /** How many failing triples the failing bucket holds (its live keys in shape), and how many keys are out of shape (docs/failing.md §5). */
 export async function countFailing(failing: ReadBucket): Promise<{ failing: number; outOfShape: number }> {
   const found = failingOf(await failing.list(">"));
@@ -150,7 +117,8 @@ const HEADROOM = 1024;
 /**
  * Status (docs/failing.md §5) of what `request` narrows to, from the failing and registry buckets and
  * the runtime's count of refused events and what it found JetStream stores. `well` is false
- * while any reached key is failing or out of shape, or while the mesh cannot record events. When the answer would not fit in `maxPayload`, out-of-shape keys and then the
+ * while any reached key is failing or out of shape, while the mesh cannot record events, or
+ * while a module counts against the mesh (`provisioning`, docs/state.md §7). When the answer would not fit in `maxPayload`, out-of-shape keys and then the
  * last failing triples are left out, and counted in `omitted`.
  */
 export async function readStatus(
@@ -158,6 +126,7 @@ export async function readStatus(
   buckets: { failing: ReadBucket; registry: ReadBucket },
   runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }>; store(): StoreUse },
   maxPayload: number,
+  provisioning: Provisioning,
 ): Promise<Status> {
   const [entries, kinds, compiled, refused] = await Promise.all([
     buckets.failing.list(filtersFor("failing", request)),
@@ -168,25 +137,33 @@ export async function readStatus(
   const { failing, outOfShape } = failingOf(entries);
   const events = eventsOf(runtime.store());
   const status: Status = {
-    well: failing.length === 0 && outOfShape.length === 0 && events.recording,
+    well: failing.length === 0 && outOfShape.length === 0 && events.recording && provisioning.notWell.length === 0,
     failing,
     outOfShape,
     omitted: 0,
     registry: { kinds: kinds.map((e) => e.key), compiledAt: compiled?.at.toISOString() ?? null },
     rejectedEvents: refused.count,
     events,
+    provisioning,
   };
   return fitted(status, maxPayload - HEADROOM);
 }
 
-/** `status` cut to `budget` bytes of JSON: out-of-shape keys go first, then failing triples from the end. */
+/**
+ * `status` cut to `budget` bytes of JSON: modules not well go first (counted in
+ * `provisioning.omitted`), then out-of-shape keys, then failing triples from the end.
+ */
 function fitted(status: Status, budget: number): Status {
   const itemBytes = (item: unknown) => Buffer.byteLength(JSON.stringify(item)) + 1;
-  let size = Buffer.byteLength(JSON.stringify(status)) + 16; // room for a larger `omitted`
+  let size = Buffer.byteLength(JSON.stringify(status)) + 32; // room for larger `omitted`s
+  if (size <= budget) return status;
+  const notWell = [...status.provisioning.notWell];
   const outOfShape = [...status.outOfShape];
   const failing = [...status.failing];
+  while (size > budget && notWell.length > 0) size -= itemBytes(notWell.pop());
   while (size > budget && outOfShape.length > 0) size -= itemBytes(outOfShape.pop());
   while (size > budget && failing.length > 0) size -= itemBytes(failing.pop());
   const omitted = status.failing.length - failing.length + status.outOfShape.length - outOfShape.length;
-  return omitted === 0 ? status : { ...status, failing, outOfShape, omitted };
+  const provisioning = { ...status.provisioning, notWell, omitted: status.provisioning.notWell.length - notWell.length };
+  return { ...status, failing, outOfShape, omitted, provisioning };
 }

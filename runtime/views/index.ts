@@ -144,10 +144,22 @@ export async function openView(
     },
   });
 
+  // Each load of the bucket has its number: a stamp is the load's and the last sequence it applied.
+  const loads = new WeakMap<Generation, number>();
+  let loadsMade = 0;
+  const stampOf = (generation: Generation) => {
+    let n = loads.get(generation);
+    if (n === undefined) loads.set(generation, (n = ++loadsMade));
+    return `${n}.${generation.applied}`;
+  };
+  let serverReads = 0;
   return {
     bucket,
     loaded: first.loaded,
     local,
+    snapshot: async () =>
+      (await fresh.caughtUp()) ? { stamp: stampOf(current!), reads: local } : { stamp: `server.${++serverReads}`, reads: server },
+    localSnapshot: () => ({ stamp: stampOf(current!), reads: local }),
     sequence: () => current!.applied,
     confirmedAt: () => fresh.confirmedAt(),
     trouble: () => (resync.reloading() ? `the view of bucket ${bucket} is loading it again; reads go to the server meanwhile` : undefined),

@@ -21,6 +21,7 @@ import { authorization } from "../../runtime/permissions.ts";
 import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
 import { targetsOf } from "../../runtime/triggers/kind.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
+import { STATUS } from "../../functions/_lib/status.ts";
 
 const ROOT = resolve(import.meta.dirname, "../..");
 const RESULTS = join(import.meta.dirname, "results.json");
@@ -292,6 +293,46 @@ async function main() {
   // After every read above: the views and whatever the functions keep of them.
   const rss = rssOf(set.process.pid!);
 
+  // 6b. Provisioning state (docs/state.md §7): every module of every node assigned, 10,000.
+  await fill(
+    await kv("assignments"),
+    (function* () {
+      for (let n = 0; n < NODES; n++) for (let m = 0; m < MODULES; m++) yield [`n${n}.m${m}`, '{"plan":{}}'] as [string, string];
+    })(),
+  );
+  line("filled assignments: 10,000 modules");
+  const rssWithoutState = rssOf(set.process.pid!);
+  const askStatusOf = (conn: NatsConnection) =>
+    conn.request(STATUS, encoder.encode("{}"), { timeout: 30_000 }).then((m) => {
+      if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`status refused: ${m.headers.get("Nats-Service-Error")}`);
+    });
+  const firstState = performance.now();
+  const nodeStates = await askVerb(nc, { what: "state", node: "n5" });
+  const firstStateMs = performance.now() - firstState;
+  if (nodeStates.entries.length !== MODULES) throw new Error(`state of n5 answered ${nodeStates.entries.length} modules, not ${MODULES}`);
+  const states = await latency({
+    echo: () => askEcho(nc),
+    "state of one node": () => askVerb(nc, { what: "state", node: "n5" }),
+    status: () => askStatusOf(nc),
+  });
+  const statePagedRuns: number[] = [];
+  let statePages = 0;
+  for (let i = 0; i < 3; i++) {
+    const t = performance.now();
+    let count = 0;
+    let cursor: string | undefined;
+    statePages = 0;
+    do {
+      const page = await askVerb(nc, { what: "state", limit: 10_000, ...(cursor ? { cursor } : {}) });
+      count += page.entries.length;
+      cursor = page.next;
+      statePages++;
+    } while (cursor !== undefined);
+    statePagedRuns.push(performance.now() - t);
+    if (count !== NODES * MODULES) throw new Error(`the state pages held ${count} modules`);
+  }
+  const rssWithState = rssOf(set.process.pid!);
+
   // 7. A steady registry compile: nothing changed, the registry read and compared.
   const seat = await connect({
     servers: server.url,
@@ -415,6 +456,16 @@ async function main() {
       storeLoopEventsPerSecond: storeRate,
     },
     rssBytes: rss,
+    state: {
+      modules: NODES * MODULES,
+      firstRequestMs: firstStateMs,
+      latency: states,
+      pagedAllMs: median(statePagedRuns),
+      pages: statePages,
+      runs: statePagedRuns,
+      rssWithoutStateBytes: rssWithoutState,
+      rssWithStateBytes: rssWithState,
+    },
     startToReady: {
       readyMs,
       readyRuns,
@@ -434,6 +485,20 @@ async function main() {
     ["(events/s: put-then-ack loop / bare ack loop)", storeRate / loopRate, "-", true],
     ["(events/s: follower / put-then-ack loop)", followerRate / storeRate, "-", true],
     ["RSS of the running set (MB)", rss / 1e6, "≤ 300", rss / 1e6 <= 300],
+    [
+      "state of one node p50 / echo p50",
+      states["state of one node"]!.p50 / states.echo!.p50,
+      "≤ 3",
+      states["state of one node"]!.p50 / states.echo!.p50 <= 3,
+    ],
+    ["status p50 / echo p50", states.status!.p50 / states.echo!.p50, "≤ 5", states.status!.p50 / states.echo!.p50 <= 5],
+    [
+      "every module's state: pages / one unfiltered watch of needs",
+      median(statePagedRuns) / watched,
+      "≤ 1.5",
+      median(statePagedRuns) / watched <= 1.5,
+    ],
+    ["RSS with the state / without", rssWithState / rssWithoutState, "≤ 1.2", rssWithState / rssWithoutState <= 1.2],
     ["start-to-ready / one read of all viewed buckets", readyMs / readAllMs, "≤ 1.5", readyMs / readAllMs <= 1.5],
   ] as const;
 
@@ -452,6 +517,15 @@ async function main() {
       `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`,
     ],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
+    [
+      "state, 10,000 modules: first request · one node p50 · status p50 · echo p50",
+      `${ms(firstStateMs)} · ${ms(states["state of one node"]!.p50)} · ${ms(states.status!.p50)} · ${ms(states.echo!.p50)}`,
+    ],
+    [`every module's state: pages (${statePages}) · one unfiltered watch of needs`, `${ms(median(statePagedRuns))} · ${ms(watched)}`],
+    [
+      "RSS without · with the state (10,000 assigned modules)",
+      `${(rssWithoutState / 1e6).toFixed(0)} MB · ${(rssWithState / 1e6).toFixed(0)} MB`,
+    ],
     [
       "start-to-ready · process spawn-to-ready · read all viewed buckets (medians of 3)",
       `${readyMs} ms · ${Math.round(processReady)} ms · ${Math.round(readAllMs)} ms`,
