@@ -10,7 +10,7 @@ import {
   STATES,
   stateAt,
 } from "./_lib/state.ts";
-import { countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
+import { COMPILE_FUNCTION, countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
 /** docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers and every module not well (docs/state.md §7). */
 export default defineFunction({
@@ -60,12 +60,25 @@ export default defineFunction({
   },
   handler: async (request, ctx) => {
     const { graceSeconds } = ctx.config.provisioning;
-    const model = await currentModel(await snapshotsOf(ctx.views), graceSeconds);
+    // Every read at once: the views checked current once each, the runtime's records.
+    const [inputs, compiled, refused] = await Promise.all([
+      snapshotsOf(ctx.views),
+      ctx.runtime.lastRun(COMPILE_FUNCTION),
+      ctx.runtime.refusedEvents(),
+    ]);
+    const model = await currentModel(inputs, graceSeconds);
     // A narrowing by provider speaks of providers only; by machine and consumer, of that node's and module's provisioning too.
     const provisioning =
       request.provider === undefined
         ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
         : NO_PROVISIONING;
-    return readStatus(request, ctx.views, ctx.runtime, ctx.limits.maxPayload, provisioning);
+    const runtime = { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store };
+    return readStatus(
+      request,
+      { failing: inputs.failing.reads, registry: inputs.registry.reads },
+      runtime,
+      ctx.limits.maxPayload,
+      provisioning,
+    );
   },
 });

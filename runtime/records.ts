@@ -51,9 +51,10 @@ function read<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
  * Records over the runtime's bucket `<seat>_runtime`; keys `ran.<function>`, `refused.<function>`.
  * A record that cannot be read counts as none (and is overwritten by the next one), so a damaged
  * record never stops a function that reads the records. Claims go to `claims`
- * (`<seat>_claims`).
+ * (`<seat>_claims`). With `refusers` (the functions that take events), refusals are read
+ * with one get of each function's key rather than a listing of the bucket.
  */
-export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
+export function recorder(bucket: WriteBucket, claims: WriteBucket, refusers?: readonly string[]): Recorder {
   // One count at a time per function: racing compare-and-set writes on a replicated stream may
   // all succeed on nats-server before 2.9.21 (nats-server#4320).
   const oneAtATime = keyedSerial();
@@ -97,7 +98,12 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket): Recorder {
     async refusedEvents() {
       const byFunction: Record<string, RefusedEvents> = {};
       let count = 0;
-      for (const entry of await bucket.list("refused.*")) {
+      // The set's own functions that take events: one get each; without them, every record.
+      const entries =
+        refusers === undefined
+          ? await bucket.list("refused.*")
+          : (await Promise.all(refusers.map((fn) => bucket.get(`refused.${fn}`)))).filter((e) => e !== null);
+      for (const entry of entries) {
         const { recent: _, ...refused } = read(refusedRecord, entry.value) ?? { count: 0 };
         byFunction[entry.key.slice("refused.".length)] = refused;
         count += refused.count;

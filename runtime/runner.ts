@@ -92,6 +92,7 @@ export async function openRunner({
     config,
     log,
     functions.flatMap((fn) => fn.definition.access?.views ?? []),
+    functions.filter((fn) => fn.triggers.some((t) => "event" in t)).map((fn) => fn.name),
   );
   const { records } = storage;
   const capacity = watchCapacity(nc, config, log, () => unreachable() !== undefined);

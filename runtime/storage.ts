@@ -42,10 +42,17 @@ function serverView(server: ReadBucket): ViewBucket {
 
 /**
  * Asserts the buckets ({@link assertBuckets}) and opens a live view ({@link openView}) of each
- * of `viewed` (config names), all at once, waiting until each has loaded its bucket. Throws,
+ * of `viewed` (config names), all at once, waiting until each has loaded its bucket. `refusers`
+ * are the functions whose refused events the records read (see {@link recorder}). Throws,
  * having stopped the views it opened, when a bucket or a view cannot be opened.
  */
-export async function openStorage(nc: NatsConnection, config: Config, log: Logger, viewed: readonly string[]): Promise<Storage> {
+export async function openStorage(
+  nc: NatsConnection,
+  config: Config,
+  log: Logger,
+  viewed: readonly string[],
+  refusers?: readonly string[],
+): Promise<Storage> {
   const kvs = await assertBuckets(nc, config, log);
   const js = nc.jetstream();
   const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket, nc);
@@ -69,6 +76,7 @@ export async function openStorage(nc: NatsConnection, config: Config, log: Logge
     records: recorder(
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
+      refusers,
     ),
     reassert: async () => void (await assertBuckets(nc, config, log)),
     notReady: () => [...views.values()].flatMap((view) => view.trouble() ?? []),

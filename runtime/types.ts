@@ -191,7 +191,7 @@ export interface StoreUse {
 export interface RuntimeRecords {
   /** The last successful scheduled run of the function named `name`, or `null` if none. */
   lastRun(name: string): Promise<Run | null>;
-  /** Events refused (not JSON, or refused by the input schema or the handler), by function. */
+  /** Events refused (not JSON, or refused by the input schema or the handler), by function of the set that takes events. */
   refusedEvents(): Promise<{ readonly count: number; readonly byFunction: Readonly<Record<string, RefusedEvents>> }>;
   /** What JetStream stores for the set now (docs/runtime.md §6.11), from memory: the runtime asks the server every 5 s. */
   store(): StoreUse;

@@ -50,6 +50,33 @@ const failingOf = async (machine: string) => (await request(seat, STATUS, { mach
 const sentFor = (machine: string) => received.flat().filter((a) => a.labels.machine === machine);
 
 describe("Alertmanager", () => {
+  it("raises a module that counts against the mesh as ProvisioningNotWell, and resolves it once it no longer does", async () => {
+    const controller = await bus.kv("assignments", "mesh-controller");
+    const needs = await bus.kv("needs", "cedar");
+    const applied = await bus.kv("applied", "cedar");
+    await controller.put("cedar.zot", "{}");
+    await needs.put("cedar.zot.port.registry", "{}");
+    await applied.put("cedar.zot", JSON.stringify({ error: "port 5000 is taken" }));
+    const since = (await applied.get("cedar.zot"))!.created.toISOString();
+    const zot = () => received.flat().filter((a) => a.labels.alertname === "ProvisioningNotWell" && a.labels.module === "zot");
+    await invoke(set.runner, alerts);
+    expect(zot().at(-1)).toEqual({
+      labels: { alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "failed", condition: "none" },
+      annotations: { summary: "zot on cedar is failed" },
+      startsAt: since,
+    });
+    await applied.put("cedar.zot", "{}");
+    const before = Date.now();
+    await invoke(set.runner, alerts);
+    const resolved = zot().at(-1)!;
+    expect(resolved.labels).toEqual({ alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "failed", condition: "none" });
+    expect(Date.parse(resolved.endsAt!)).toBeGreaterThanOrEqual(before - 1000);
+    // Resolved once: the next sending says nothing of it.
+    const sent = zot().length;
+    await invoke(set.runner, alerts);
+    expect(zot()).toHaveLength(sent);
+  });
+
   it("raises a failing with its labels and startsAt, and resolves it with endsAt on recovery", async () => {
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "invalid_client", at: "2026-11-29T12:00:00Z" });
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "realm unreachable", at: "2026-11-29T12:05:00Z" });

@@ -197,9 +197,13 @@ describe("the conditions of a module", () => {
         "applied:elm.odd: applied record's revisions is not an object of strings",
       ].join("; "),
     );
-    // An assignment key that names no module is said in the answer's outOfShape.
+    // An assignment key that names no module is said in the answer's outOfShape, and so is a value that is not JSON.
     await controller.put("elm", "{}");
-    expect((await ask({})).outOfShape).toContainEqual({ key: "assignments:elm", reason: "assignments keys have 2 tokens, this has 1" });
+    await controller.put("elm.weird", "not json");
+    const { outOfShape } = await ask({});
+    expect(outOfShape).toContainEqual({ key: "assignments:elm", reason: "assignments keys have 2 tokens, this has 1" });
+    expect(outOfShape.find((o) => o.key === "assignments:elm.weird")?.reason).toMatch(/^assignment value is not JSON: /);
+    expect((await one("elm", "weird"))!.conditions.map((c) => c.type)).toEqual(["OutOfShape"]);
   });
 
   it("says Late once never-ran or pending outlasts the grace", async () => {
@@ -314,6 +318,8 @@ describe("permissions of the assignments mirror", () => {
     await expect(asSeat.put("alder.x", "{}")).rejects.toThrow();
     await expect((await bus.kv("needs", "mesh-controller")).put("alder.x.config.y", "{}")).rejects.toThrow();
     await expect((await bus.kv("applied", "mesh-controller")).put("alder.x", "{}")).rejects.toThrow();
+    await expect((await bus.kv("registry", "mesh-controller")).put("port", "{}")).rejects.toThrow();
+    await expect((await bus.kv("failing", "mesh-controller")).put("a.b.c", "{}")).rejects.toThrow();
     await controller.put("alder.fine", "{}");
     expect((await controller.get("alder.fine"))?.string()).toBe("{}");
   });
