@@ -23,6 +23,8 @@ export default defineConfig({
     failing: { bucket: "mesh-provisioner_failing", writtenBy: "seat" },
     // docs/state.md §7: the controller's assignments mirror, `<node>.<module>`; read, never written here.
     assignments: { bucket: "mesh-controller_assignments", writtenBy: "controller" },
+    // docs/rotation.md §8.2: the newest rotation per provider, provision and (when named) holder.
+    rotations: { bucket: "mesh-provisioner_rotations", writtenBy: "seat" },
   },
 
   // docs/failing.md §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
@@ -31,7 +33,14 @@ export default defineConfig({
   },
 
   // docs/failing.md §5: what a provider publishes, `{provider}` being its name.
-  providers: { publish: ["{provider}.provisioner.failing", "{provider}.provisioner.recovered"] },
+  // docs/rotation.md §8: what it publishes when it rotated a credential, and where it learns the old one has no holder left.
+  providers: {
+    publish: ["{provider}.provisioner.failing", "{provider}.provisioner.recovered", "{provider}.provisioner.rotated"],
+    receive: ["mesh-provisioner.released.{provider}"],
+  },
+
+  // docs/rotation.md §8.5: where a node is told a provision it holds was rotated.
+  nodes: { receive: ["mesh-provisioner.refresh.{node}"] },
 
   // The embedded server's users besides the seat (the demo mesh's nodes and providers).
   embedded: {
@@ -42,6 +51,9 @@ export default defineConfig({
 
   // docs/state.md §7: how long a module may be never-ran or pending before it is Late.
   provisioning: { graceSeconds: 600 },
+
+  // docs/rotation.md §8.4: how long a holder may stay stale, and how long and how often stale nodes are noticed again.
+  rotation: { graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60 },
 
   // docs/failing.md §5, optional: raise failing providers to Prometheus Alertmanager.
   // alerts: { alertmanager: "http://127.0.0.1:9093" },

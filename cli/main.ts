@@ -19,10 +19,11 @@ import {
   toConf,
   type Running,
 } from "../runtime/index.ts";
-import { DEFAULT_WHAT, STATE } from "../functions/_lib/provisioning.ts";
+import { DEFAULT_WHAT, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
 import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
+import { formatHolders, formatRotations } from "./rotation.ts";
 import { askStates, formatStates } from "./state.ts";
 import { askStatus, formatStatus } from "./status.ts";
 
@@ -113,6 +114,45 @@ program
     try {
       const answer = await askStates(session.nc, narrowing);
       console.log(json ? JSON.stringify(answer, null, 2) : formatStates(answer, new Date()));
+    } finally {
+      await session.close();
+    }
+  });
+
+program
+  .command("holders")
+  .description("list the holders of a provision: each need of it, the revision its module has in use, stale or caught up")
+  .argument("<provision>", "the provision (a need's name up to its first /)")
+  .option("--node <node>", "narrow to one node")
+  .option("--kind <kind>", "narrow to one kind")
+  .option("--json", "print the answer as JSON")
+  .action(async (provision: string, options: Record<string, unknown>) => {
+    const { json, ...narrowing } = options;
+    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner holders" });
+    try {
+      const answer = await askAll(session.nc, { what: HOLDERS, provision, ...narrowing });
+      console.log(
+        json ? JSON.stringify(answer, null, 2) : formatHolders(answer as unknown as Parameters<typeof formatHolders>[0], new Date()),
+      );
+    } finally {
+      await session.close();
+    }
+  });
+
+program
+  .command("rotations")
+  .description("list the rotations providers announced: holders caught up, and whether the old credential was released")
+  .option("--provider <provider>", "narrow to one provider")
+  .option("--provision <provision>", "narrow to one provision")
+  .option("--json", "print the answer as JSON")
+  .action(async (options: Record<string, unknown>) => {
+    const { json, ...narrowing } = options;
+    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner rotations" });
+    try {
+      const answer = await askAll(session.nc, { what: ROTATIONS, ...narrowing });
+      console.log(
+        json ? JSON.stringify(answer, null, 2) : formatRotations(answer as unknown as Parameters<typeof formatRotations>[0], new Date()),
+      );
     } finally {
       await session.close();
     }

@@ -2,8 +2,11 @@ import { defineFunction } from "../runtime/index.ts";
 import {
   answerPage,
   answerSchema,
+  answerItemsPage,
   answerStatePage,
   cursorsOf,
+  HOLDERS,
+  ROTATIONS,
   provisioningRequest,
   requestFilters,
   STATE,
@@ -11,9 +14,14 @@ import {
   WHATS,
   type BucketRequest,
 } from "./_lib/provisioning.ts";
+import { appliedIndex } from "./_lib/applied.ts";
+import { heldIn, holdersIndex, isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
 import { currentModel, provisioningConfig, snapshotsOf } from "./_lib/state.ts";
 
-/** The verb of docs/verb.md §4: read-only views of the registry and of what node clients recorded, and the module states of docs/state.md §7. */
+/**
+ * The verb of docs/verb.md §4: read-only views of the registry and of what node clients
+ * recorded, the module states of docs/state.md §7, and the holders and rotations of docs/rotation.md §8.
+ */
 export default defineFunction({
   description:
     "Answers mesh-provisioner.provisioning: the registry, needs, applied and collect, and each module's state, narrowed and paged.",
@@ -21,14 +29,60 @@ export default defineFunction({
   input: provisioningRequest,
   output: answerSchema,
   config: provisioningConfig,
-  access: { views: [...WHATS, "assignments", "failing"] },
+  access: { views: [...WHATS, "assignments", "failing", "rotations"] },
   handler: async (request, ctx) => {
     const cursors = cursorsOf(request);
     if (request.what === STATE) {
       const { graceSeconds } = ctx.config.provisioning;
-      const model = await currentModel(await snapshotsOf(ctx.views, request.stale), graceSeconds);
-      const confirmedAt = request.stale ? ctx.views.needs.confirmedAt() : undefined;
+      const model = await currentModel(await snapshotsOf(ctx.views, request.stale), graceSeconds, ctx.config.rotation.graceSeconds);
+      // With `stale`: the oldest of the five views' last confirmations.
+      const confirmations = (["assignments", "needs", "applied", "registry", "failing"] as const).map((v) => ctx.views[v].confirmedAt());
+      const confirmedAt = !request.stale
+        ? undefined
+        : confirmations.includes(null)
+          ? null
+          : new Date(Math.min(...confirmations.map((d) => d!.getTime())));
       return answerStatePage(request, model, ctx.clock.now(), graceSeconds, ctx.limits.maxPayload, cursors, confirmedAt);
+    }
+    if (request.what === HOLDERS || request.what === ROTATIONS) {
+      const [needs, applied, rotations] = await Promise.all([
+        ctx.views.needs.snapshot(),
+        ctx.views.applied.snapshot(),
+        ctx.views.rotations.snapshot(),
+      ]);
+      const [byProvision, appliedByKey, { rotations: kept, outOfShape }] = await Promise.all([
+        holdersIndex(needs),
+        appliedIndex(applied),
+        rotationsIn(rotations.reads),
+      ]);
+      const held = heldIn(appliedByKey);
+      if (request.what === HOLDERS) {
+        const provision = request.provision!;
+        const ofProvision = kept.filter((r) => r.provision === provision);
+        const items = (byProvision.get(provision) ?? [])
+          .filter((h) => (request.node === undefined || h.node === request.node) && (request.kind === undefined || h.kind === request.kind))
+          .map((h) => {
+            const x = held(h, provision);
+            const newest = newestFor(ofProvision, h);
+            const entry = {
+              ...h,
+              revision: x.revision,
+              appliedAt: x.appliedAt?.toISOString() ?? null,
+              stale: newest !== undefined && isStale(newest, x),
+            };
+            return { key: h.key, text: JSON.stringify(entry) };
+          });
+        return answerItemsPage(HOLDERS, request, items, ctx.limits.maxPayload, cursors);
+      }
+      const { states } = rotationStates(kept, byProvision, held);
+      const items = states
+        .filter(
+          (r) =>
+            (request.provider === undefined || r.provider === request.provider) &&
+            (request.provision === undefined || r.provision === request.provision),
+        )
+        .map((r) => ({ key: r.key, text: JSON.stringify(r) }));
+      return answerItemsPage(ROTATIONS, request, items, ctx.limits.maxPayload, cursors, outOfShape);
     }
     const asked = request as BucketRequest;
     // One more than the page holds, to know whether keys remain.

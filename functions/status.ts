@@ -3,6 +3,8 @@ import {
   CONDITIONS,
   countsAgainst,
   NO_PROVISIONING,
+  staleCount,
+  staleHoldersOf,
   currentModel,
   provisioningConfig,
   provisioningOf,
@@ -20,7 +22,7 @@ export default defineFunction({
   input: statusRequest,
   output: statusAnswer,
   config: provisioningConfig,
-  access: { views: ["failing", "registry", "assignments", "needs", "applied"] },
+  access: { views: ["failing", "registry", "assignments", "needs", "applied", "rotations"] },
   metrics: {
     failing_triples: {
       type: "gauge",
@@ -37,9 +39,21 @@ export default defineFunction({
       help: "Modules of every node by provisioning state (docs/state.md §7)",
       labels: ["state"],
       collect: async (ctx) => {
-        const model = await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds);
+        const model = await currentModel(
+          await snapshotsOf(ctx.views, true),
+          ctx.config.provisioning.graceSeconds,
+          ctx.config.rotation.graceSeconds,
+        );
         return STATES.map((state) => ({ labels: { state }, value: model.counts[state] }));
       },
+    },
+    stale_holders: {
+      type: "gauge",
+      help: "Holders of a rotated provision not on its new revision yet (docs/rotation.md §8.3), within their grace or past it",
+      collect: async (ctx) =>
+        staleCount(
+          await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds),
+        ),
     },
     module_conditions: {
       type: "gauge",
@@ -47,7 +61,7 @@ export default defineFunction({
       labels: ["type"],
       collect: async (ctx) => {
         const { graceSeconds } = ctx.config.provisioning;
-        const model = await currentModel(await snapshotsOf(ctx.views, true), graceSeconds);
+        const model = await currentModel(await snapshotsOf(ctx.views, true), graceSeconds, ctx.config.rotation.graceSeconds);
         const now = ctx.clock.now();
         const counted = Object.fromEntries(CONDITIONS.map((type) => [type, 0]));
         for (const kept of model.modules) {
@@ -66,19 +80,21 @@ export default defineFunction({
       ctx.runtime.lastRun(COMPILE_FUNCTION),
       ctx.runtime.refusedEvents(),
     ]);
-    const model = await currentModel(inputs, graceSeconds);
+    const model = await currentModel(inputs, graceSeconds, ctx.config.rotation.graceSeconds);
     // A narrowing by provider speaks of providers only; by machine and consumer, of that node's and module's provisioning too.
     const provisioning =
       request.provider === undefined
         ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
         : NO_PROVISIONING;
     const runtime = { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store };
+    const stale = staleHoldersOf(model, ctx.clock.now(), { provider: request.provider, node: request.machine, module: request.consumer });
     return readStatus(
       request,
       { failing: inputs.failing.reads, registry: inputs.registry.reads },
       runtime,
       ctx.limits.maxPayload,
       provisioning,
+      stale,
     );
   },
 });

@@ -24,15 +24,33 @@ export function checkedKey(bucket: string, key: string): string {
   return key;
 }
 
+/**
+ * The server's time of an entry in nanoseconds since the epoch: from the watched message's
+ * `timestampNanos`, or a stored message's RFC 3339 time with its fraction; else its `created`.
+ */
+export function nanosOf(entry: KvEntry): number {
+  const sm = (entry as { sm?: { info?: { timestampNanos?: number }; timestamp?: string } }).sm;
+  if (typeof sm?.info?.timestampNanos === "number") return sm.info.timestampNanos;
+  if (typeof sm?.timestamp === "string") return nanosOfTime(sm.timestamp);
+  return entry.created.getTime() * 1e6;
+}
+
+/** An RFC 3339 time with up to nine digits of fraction, in nanoseconds since the epoch. */
+export function nanosOfTime(time: string): number {
+  const fraction = /\.(\d+)/.exec(time)?.[1] ?? "";
+  const ms = Date.parse(time);
+  return ms * 1e6 + Number(fraction.padEnd(9, "0").slice(3, 9));
+}
+
 function recordOf(entry: KvEntry | null): KeyRecord | null {
   if (entry === null) return null;
   const { key, value, revision, created } = entry;
-  return { key, value, revision, created, deleted: entry.operation !== "PUT" };
+  return { key, value, revision, created, createdNanos: nanosOf(entry), deleted: entry.operation !== "PUT" };
 }
 
 function live(entry: KvEntry | null): Entry | null {
   if (entry === null || entry.operation !== "PUT") return null;
-  return { key: entry.key, value: entry.value, revision: entry.revision, created: entry.created };
+  return { key: entry.key, value: entry.value, revision: entry.revision, created: entry.created, createdNanos: nanosOf(entry) };
 }
 
 function byKey(a: Entry, b: Entry): number {
@@ -142,7 +160,14 @@ export async function scan(nc: NatsConnection, bucket: string, filter: string, d
     const operation = hdrs === undefined ? undefined : /KV-Operation:\s*(\w+)/i.exec(Buffer.from(hdrs, "base64").toString("utf8"))?.[1];
     const key = subject.slice(prefix.length);
     const value = data === undefined ? new Uint8Array() : new Uint8Array(Buffer.from(data, "base64"));
-    found.set(key, { key, value, revision: at, created: new Date(time), deleted: operation === "DEL" || operation === "PURGE" });
+    found.set(key, {
+      key,
+      value,
+      revision: at,
+      created: new Date(time),
+      createdNanos: nanosOfTime(time),
+      deleted: operation === "DEL" || operation === "PURGE",
+    });
     seq = at + 1;
   }
   return [...found.values()].filter((record) => deleted || !record.deleted);

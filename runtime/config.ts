@@ -37,6 +37,9 @@ const bucketSchema = z.strictObject({
 
 const DAY = 24 * 60 * 60;
 
+/** A subject without wildcards, `{<who>}` allowed in its tokens for the user's name. */
+const subjectOf = (who: string) => z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, `must be a subject, \`${who}\` allowed`);
+
 const streamSchema = z.strictObject({
   /** The JetStream stream's name. */
   stream: name,
@@ -105,14 +108,18 @@ export const configSchema = z.looseObject({
    * its triggers and is asserted at start.
    */
   streams: z.record(name, streamSchema).default({}),
-  /** What every provider may publish: subjects, `{provider}` standing for its name. */
+  /**
+   * What every provider may publish and what the seat publishes to it: subjects, `{provider}`
+   * standing for its name.
+   */
   providers: z
     .strictObject({
-      publish: z
-        .array(z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, "must be a subject, `{provider}` allowed"))
-        .default([]),
+      publish: z.array(subjectOf("{provider}")).default([]),
+      receive: z.array(subjectOf("{provider}")).default([]),
     })
-    .default({ publish: [] }),
+    .default({ publish: [], receive: [] }),
+  /** What the seat publishes to every node: subjects, `{node}` standing for its name. */
+  nodes: z.strictObject({ receive: z.array(subjectOf("{node}")).default([]) }).default({ receive: [] }),
   /** The embedded nats-server's users besides the seat. */
   embedded: z
     .strictObject({

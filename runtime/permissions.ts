@@ -123,9 +123,12 @@ export function nodePermissions(node: string, config: Config, functions: readonl
         ...verbSubjects(functions),
       ]),
     },
-    subscribe: { allow: [`${inboxOf(node)}.>`] },
+    subscribe: { allow: [`${inboxOf(node)}.>`, ...receivedBy(config.nodes.receive, "{node}", node)] },
   };
 }
+
+/** The subjects the seat publishes to one node or provider: `subjects` with `{node}` or `{provider}` replaced by its name. */
+const receivedBy = (subjects: readonly string[], placeholder: string, user: string) => subjects.map((s) => s.replaceAll(placeholder, user));
 
 /**
  * A provider's permissions, in its own account (docs/mesh.md §1, docs/failing.md §5): publish
@@ -146,7 +149,7 @@ export function providerPermissions(provider: string, config: Config, functions:
         ...verbSubjects(functions),
       ]),
     },
-    subscribe: { allow: [`${inboxOf(provider)}.>`] },
+    subscribe: { allow: [`${inboxOf(provider)}.>`, ...receivedBy(config.providers.receive, "{provider}", provider)] },
   };
 }
 
@@ -172,11 +175,17 @@ export function controllerPermissions(controller: string, config: Config, functi
 }
 
 /** A node's, provider's or controller's user: its account imports from the seat's every subject it may publish. */
-const imported = (role: "node" | "provider" | "controller", user: string, permissions: Permissions): AuthorizedUser => ({
+const imported = (
+  role: "node" | "provider" | "controller",
+  user: string,
+  permissions: Permissions,
+  receives: readonly string[] = [],
+): AuthorizedUser => ({
   role,
   user,
   permissions,
   imports: permissions.publish.allow,
+  ...(receives.length > 0 ? { receives } : {}),
 });
 
 /**
@@ -192,8 +201,12 @@ export function authorization(
   checkUserNames([config.seat, ...names.nodes, ...names.providers, ...controllers]);
   return [
     { role: "seat", user: config.seat, permissions: seatPermissions(config, functions) },
-    ...names.nodes.map((node) => imported("node", node, nodePermissions(node, config, functions))),
-    ...names.providers.map((p) => imported("provider", p, providerPermissions(p, config, functions))),
+    ...names.nodes.map((node) =>
+      imported("node", node, nodePermissions(node, config, functions), receivedBy(config.nodes.receive, "{node}", node)),
+    ),
+    ...names.providers.map((p) =>
+      imported("provider", p, providerPermissions(p, config, functions), receivedBy(config.providers.receive, "{provider}", p)),
+    ),
     ...controllers.map((c) => imported("controller", c, controllerPermissions(c, config, functions))),
   ];
 }

@@ -3,6 +3,7 @@
  * or write handle of each, a live view of each bucket some function views, and the runtime's
  * records (docs/runtime.md §6.4).
  */
+import { randomUUID } from "node:crypto";
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
@@ -36,7 +37,8 @@ export interface Storage {
 /** A bucket read from the server both ways, where no live view is kept: each snapshot is a new one. */
 function serverView(server: ReadBucket): ViewBucket {
   let made = 0;
-  const snapshot = () => ({ stamp: `server.${++made}`, reads: server });
+  const view = randomUUID();
+  const snapshot = () => ({ stamp: `${view}.server.${++made}`, reads: server });
   return { ...server, local: server, confirmedAt: () => new Date(), snapshot: async () => snapshot(), localSnapshot: snapshot };
 }
 

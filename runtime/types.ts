@@ -11,7 +11,10 @@ export interface Entry {
   readonly key: string;
   readonly value: Uint8Array;
   readonly revision: number;
+  /** When the server stored the write, to the millisecond. */
   readonly created: Date;
+  /** The same, in nanoseconds since the epoch (to about a microsecond): writes of one millisecond told apart. */
+  readonly createdNanos: number;
 }
 
 /**

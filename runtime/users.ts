@@ -38,6 +38,11 @@ export interface AuthorizedUser {
    * captures it: no reply subject can make the server write into a bucket or the events stream.
    */
   readonly imports?: readonly string[];
+  /**
+   * The subjects this user's account imports as streams from the seat's account: messages the
+   * seat publishes that reach this user (a node's own notices), each exported to it alone.
+   */
+  readonly receives?: readonly string[];
 }
 
 /** A user and its password, on the embedded server or a local cluster. */
@@ -88,8 +93,11 @@ export interface AccountConf {
   /** JetStream for the account: on with the server's limits, or with a file storage limit of its own in bytes. */
   readonly jetstream?: "enabled" | { readonly max_file: number };
   readonly users: readonly { readonly user: string; readonly password: string; readonly permissions: Permissions }[];
-  readonly exports?: readonly { readonly service: string; readonly accounts: readonly string[] }[];
-  readonly imports?: readonly { readonly service: { readonly account: string; readonly subject: string } }[];
+  readonly exports?: readonly (({ readonly service: string } | { readonly stream: string }) & { readonly accounts: readonly string[] })[];
+  readonly imports?: readonly (
+    | { readonly service: { readonly account: string; readonly subject: string } }
+    | { readonly stream: { readonly account: string; readonly subject: string } }
+  )[];
 }
 
 /**
@@ -104,22 +112,33 @@ export function accountsOf(users: readonly AuthorizedUser[], password: (user: st
   const home = seats[0]?.user;
   if (home === undefined) throw new Error("the users of a bus need the seat: no user has the role seat");
   const importers = new Map<string, string[]>();
-  for (const { user, imports = [] } of users.filter((u) => u.role !== "seat")) {
+  const receivers = new Map<string, string[]>();
+  for (const { user, imports = [], receives = [] } of users.filter((u) => u.role !== "seat")) {
     for (const subject of imports) importers.set(subject, [...(importers.get(subject) ?? []), user]);
+    for (const subject of receives) receivers.set(subject, [...(receivers.get(subject) ?? []), user]);
   }
   const entry = ({ user, permissions }: AuthorizedUser) => ({ user, password: password(user), permissions });
   return {
     [home]: {
       jetstream: "enabled",
       users: seats.map(entry),
-      exports: [...importers].map(([service, accounts]) => ({ service, accounts })),
+      exports: [
+        ...[...importers].map(([service, accounts]) => ({ service, accounts })),
+        ...[...receivers].map(([stream, accounts]) => ({ stream, accounts })),
+      ],
     },
     ...Object.fromEntries(
       users
         .filter((u) => u.role !== "seat")
         .map((u) => [
           u.user,
-          { users: [entry(u)], imports: (u.imports ?? []).map((subject) => ({ service: { account: home, subject } })) },
+          {
+            users: [entry(u)],
+            imports: [
+              ...(u.imports ?? []).map((subject) => ({ service: { account: home, subject } })),
+              ...(u.receives ?? []).map((subject) => ({ stream: { account: home, subject } })),
+            ],
+          },
         ]),
     ),
   };
@@ -164,7 +183,10 @@ export function toConf(users: readonly AuthorizedUser[]): string {
       ...(account.exports && account.exports.length > 0
         ? [
             `    exports: ${list(
-              account.exports.map((e) => `{ service: ${quote(e.service)}, accounts: [${e.accounts.map(quote).join(", ")}] }`),
+              account.exports.map(
+                (e) =>
+                  `{ ${"service" in e ? `service: ${quote(e.service)}` : `stream: ${quote(e.stream)}`}, accounts: [${e.accounts.map(quote).join(", ")}] }`,
+              ),
               "    ",
             )}`,
           ]
@@ -172,7 +194,10 @@ export function toConf(users: readonly AuthorizedUser[]): string {
       ...(account.imports && account.imports.length > 0
         ? [
             `    imports: ${list(
-              account.imports.map((i) => `{ service: { account: ${quote(i.service.account)}, subject: ${quote(i.service.subject)} } }`),
+              account.imports.map((i) => {
+                const [kind, from] = "service" in i ? ["service", i.service] : ["stream", i.stream];
+                return `{ ${kind}: { account: ${quote(from.account)}, subject: ${quote(from.subject)} } }`;
+              }),
               "    ",
             )}`,
           ]

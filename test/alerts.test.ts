@@ -167,6 +167,7 @@ describe("alertsOf", () => {
     value: new TextEncoder().encode(JSON.stringify(value)),
     revision: 1,
     created: new Date(),
+    createdNanos: 0,
     deleted,
   });
   it("fires failing triples, resolves recent recoveries only, and skips keys out of shape", () => {

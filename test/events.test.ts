@@ -59,8 +59,13 @@ export default defineFunction({
 `,
   );
   // The bus grants the seat what both probe function sets need, derived from them.
-  const { registry: _, provisioning: __, ...config } = (await projectConfig()) as Config & { registry?: unknown; provisioning?: unknown };
-  const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"] } };
+  const {
+    registry: _,
+    provisioning: __,
+    rotation: ___,
+    ...config
+  } = (await projectConfig()) as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
+  const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"], receive: [] } };
   const both = [...(await loadFunctions(probe)), ...(await loadFunctions({ ...probe, functions: otherDir }))];
   bus = await startTestBus(probe, { functions: both, providers: ["prober"] });
   seat = await bus.connect();
@@ -76,7 +81,12 @@ const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, ma
 
 /** The test bus's config with only the probe function and its stream. */
 function probeConfig(): Config {
-  const { registry: _, provisioning: __, ...config } = bus.config as Config & { registry?: unknown; provisioning?: unknown };
+  const {
+    registry: _,
+    provisioning: __,
+    rotation: ___,
+    ...config
+  } = bus.config as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
   return { ...config, functions: dir, streams: PROBE_STREAMS };
 }
 

@@ -102,7 +102,14 @@ describe("a provider's clock", () => {
 });
 
 describe("the failing bucket's records", () => {
-  const record = (value: unknown, deleted: boolean) => ({ key: "p.m.c", value: bytes(value), revision: 7, created: new Date(), deleted });
+  const record = (value: unknown, deleted: boolean) => ({
+    key: "p.m.c",
+    value: bytes(value),
+    revision: 7,
+    created: new Date(),
+    createdNanos: 0,
+    deleted,
+  });
   it("read as failing, recovered or none", () => {
     expect(keptOf(null)).toEqual({ state: "none", revision: 0 });
     expect(keptOf(record({ word: "w", since: "2026-11-29T12:00:00Z", at: "2026-11-29T12:01:00Z" }, false))).toEqual({

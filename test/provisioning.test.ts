@@ -20,6 +20,7 @@ const entry = (key: string, value: string, revision = 1): Entry => ({
   value: new TextEncoder().encode(value),
   revision,
   created: new Date("2026-11-29T18:00:00.000Z"),
+  createdNanos: Date.parse("2026-11-29T18:00:00.000Z") * 1e6,
 });
 const parse = (raw: unknown) => provisioningRequest.parse(raw) as BucketRequest;
 const refusal = (raw: unknown) => {
@@ -41,7 +42,7 @@ describe("the request (docs/verb.md §4)", () => {
 
   it("names every field that does not apply, and what it narrows", () => {
     expect(refusal({ what: "registry", node: "n1", contributor: "docker" })).toBe(
-      "node: does not apply to what=registry (it narrows needs, applied, collect, state); " +
+      "node: does not apply to what=registry (it narrows needs, applied, collect, state, holders); " +
         "contributor: does not apply to what=registry (it narrows collect)",
     );
   });

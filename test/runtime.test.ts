@@ -59,7 +59,12 @@ export default defineFunction({
 
 /** The test bus's config with its functions folder at `dir`, and none of the project's fields. */
 function configFor(dir: string): Config {
-  const { registry: _, provisioning: __, ...config } = bus.config as Config & { registry?: unknown; provisioning?: unknown };
+  const {
+    registry: _,
+    provisioning: __,
+    rotation: ___,
+    ...config
+  } = bus.config as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
   return { ...config, functions: dir };
 }
 
@@ -123,7 +128,7 @@ describe("loading function files", () => {
       `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
       `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }`,
       // checks of the set against the config come after the checks of each file
-      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments)`,
+      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments, rotations)`,
     ]);
   });
 });

@@ -29,7 +29,7 @@ describe("the NATS service", () => {
     expect(Object.keys(endpoints).sort()).toEqual(["provisioning", "status"]);
     expect(endpoints.provisioning!.subject).toBe("mesh-provisioner.provisioning");
     const request = JSON.parse(endpoints.provisioning!.metadata!.request_schema!);
-    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect", "state"]);
+    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect", "state", "holders", "rotations"]);
     expect(request.additionalProperties).toBe(false);
     const answer = JSON.parse(endpoints.provisioning!.metadata!.response_schema!);
     expect(answer.required).toEqual(["what", "entries", "outOfShape"]);
@@ -43,6 +43,7 @@ describe("the NATS service", () => {
       "rejectedEvents",
       "events",
       "provisioning",
+      "stale",
     ]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
   });

@@ -77,6 +77,7 @@ describe("status as the CLI prints it", () => {
       notWell: [],
       omitted: 0,
     },
+    stale: [],
   });
 
   it("says how long each has failed, in two units", () => {

@@ -63,9 +63,12 @@ describe("a live view", () => {
           expect(await view.records(filters, options)).toEqual(await server.records(filters, options));
           // A single key's read comes by direct get; nats.js turns a watch's time stamp into a
           // float of nanoseconds first, which can put it 1 ms away from the direct get's.
-          const same = (a: { created: Date } | null, b: { created: Date } | null) => {
-            expect(a === null ? null : { ...a, created: 0 }).toEqual(b === null ? null : { ...b, created: 0 });
+          const same = (a: { created: Date; createdNanos: number } | null, b: { created: Date; createdNanos: number } | null) => {
+            expect(a === null ? null : { ...a, created: 0, createdNanos: 0 }).toEqual(
+              b === null ? null : { ...b, created: 0, createdNanos: 0 },
+            );
             if (a !== null && b !== null) expect(Math.abs(a.created.getTime() - b.created.getTime())).toBeLessThanOrEqual(1);
+            if (a !== null && b !== null) expect(Math.abs(a.createdNanos - b.createdNanos)).toBeLessThan(2000);
           };
           same(await view.get(probe), await server.get(probe));
           same(await view.last(probe), await server.last(probe));

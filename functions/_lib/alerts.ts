@@ -3,6 +3,7 @@ import { z } from "zod";
 import type { KeyRecord } from "../../runtime/index.ts";
 import { keptOf } from "./follower.ts";
 import { decodeKey } from "./keys.ts";
+import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
 
 /** The alert name every failing triple is raised under. */
@@ -107,22 +108,19 @@ export async function postAlerts(config: AlertsConfig & { alertmanager: string }
 /** The alert name every module that counts against the mesh is raised under (docs/state.md §7.6). */
 export const MODULE_ALERTNAME = "ProvisioningNotWell";
 
+/** The alert name every holder stale past its rotation's grace is raised under (docs/rotation.md §8.3). */
+export const STALE_ALERTNAME = "ProvisioningStale";
+
 /**
- * The alerts of the modules that count against the mesh (docs/state.md §7.6): one firing per
- * module (labels `alertname`, `node`, `module`, `state`, `condition`: its first condition's type,
- * or `none`; `startsAt` its state's `since`), and a resolved one (`endsAt` now) for each alert
- * `raised` before whose module no longer counts, or counts under other labels. Returns the
- * alerts and what is raised after them, to hand to the next call.
+ * The firing alerts of the modules that count against the mesh (docs/state.md §7.6), by module
+ * key: labels `alertname`, `node`, `module`, `state`, `condition` (its first condition's type,
+ * or `none`); `startsAt` its state's `since`.
  */
-export function moduleAlertsOf(
-  notWell: readonly ModuleState[],
-  raised: ReadonlyMap<string, PostableAlert>,
-  now: Date,
-): { alerts: PostableAlert[]; raised: Map<string, PostableAlert> } {
-  const next = new Map<string, PostableAlert>();
+export function moduleAlerts(notWell: readonly ModuleState[], now: Date): Map<string, PostableAlert> {
+  const firing = new Map<string, PostableAlert>();
   for (const m of notWell) {
     const condition = m.conditions[0];
-    next.set(m.key, {
+    firing.set(`module:${m.key}`, {
       labels: { alertname: MODULE_ALERTNAME, node: m.node, module: m.module, state: m.state, condition: condition?.type ?? "none" },
       annotations: {
         summary: `${m.module} on ${m.node} is ${m.state}${condition === undefined ? "" : `: ${condition.type}: ${condition.message}`}`,
@@ -130,12 +128,51 @@ export function moduleAlertsOf(
       startsAt: notLater(m.since, now),
     });
   }
+  return firing;
+}
+
+/**
+ * The firing alerts of the holders stale past their rotation's grace (docs/rotation.md §8.3), by
+ * holder: labels `alertname`, `provider`, `provision`, `node`, `module`, `revision`; `startsAt`
+ * when the rotation arrived.
+ */
+export function staleAlerts(stale: readonly StaleHolder[], now: Date): Map<string, PostableAlert> {
+  const firing = new Map<string, PostableAlert>();
+  for (const h of stale) {
+    firing.set(`stale:${h.provider}.${h.key}`, {
+      labels: {
+        alertname: STALE_ALERTNAME,
+        provider: h.provider,
+        provision: h.provision,
+        node: h.node,
+        module: h.module,
+        revision: h.revision,
+      },
+      annotations: {
+        summary: `${h.module} on ${h.node} holds ${h.heldRevision ?? "no revision"} of ${h.provision}, rotated to ${h.revision} by ${h.provider}`,
+      },
+      startsAt: notLater(h.rotatedAt, now),
+    });
+  }
+  return firing;
+}
+
+/**
+ * What to send of `firing` (by key) given what was `raised` before: every firing alert, and a
+ * resolved one (`endsAt` now) for each raised alert that no longer fires, or fires under other
+ * labels. Returns the alerts and what is raised after them, to hand to the next call.
+ */
+export function raisedAlerts(
+  firing: ReadonlyMap<string, PostableAlert>,
+  raised: ReadonlyMap<string, PostableAlert>,
+  now: Date,
+): { alerts: PostableAlert[]; raised: Map<string, PostableAlert> } {
   const resolved: PostableAlert[] = [];
   for (const [key, alert] of raised) {
-    const current = next.get(key);
+    const current = firing.get(key);
     if (current === undefined || JSON.stringify(current.labels) !== JSON.stringify(alert.labels)) {
       resolved.push({ ...alert, endsAt: now.toISOString() });
     }
   }
-  return { alerts: [...next.values(), ...resolved], raised: next };
+  return { alerts: [...firing.values(), ...resolved], raised: new Map(firing) };
 }

@@ -28,6 +28,8 @@ export const VERB_SHAPE = {
     kind: { schema: token, value: "kind", help: "narrow to one kind" },
     contributor: { schema: token, value: "contributor", help: "narrow to one contributor" },
     collection: { schema: collectionName, value: "name", help: "narrow to one collection, by its name (shell:zsh:normal)" },
+    provision: { schema: token, value: "provision", help: "the provision (holders: required; rotations: narrow to one)" },
+    provider: { schema: token, value: "provider", help: "narrow to one provider" },
   },
 } as const satisfies {
   // Each `what` is a bucket's key shape, and narrows only by fields of its keys.
@@ -49,14 +51,25 @@ export const NARROWINGS = Object.keys(VERB_SHAPE.narrowings) as Narrowing[];
 
 /** The `what` of the module states (docs/state.md §7), answered from the views of several buckets, not one. */
 export const STATE = "state";
-/** Every `what` a request may name: the buckets' and the module states. */
-export const ASKED = [...WHATS, STATE] as const;
+/** The `what` of a provision's holders (docs/rotation.md §8.1). */
+export const HOLDERS = "holders";
+/** The `what` of the kept rotations (docs/rotation.md §8.6). */
+export const ROTATIONS = "rotations";
+/** Every `what` a request may name: the buckets', the module states, the holders and the rotations. */
+export const ASKED = [...WHATS, STATE, HOLDERS, ROTATIONS] as const;
 export type Asked = (typeof ASKED)[number];
 /** What the module states narrow by: the node and module of their keys. */
 export const STATE_NARROWINGS = ["node", "module"] as const satisfies readonly Narrowing[];
+/** What each `what` beyond the buckets' takes. */
+const DERIVED_NARROWINGS: Readonly<Record<typeof STATE | typeof HOLDERS | typeof ROTATIONS, readonly Narrowing[]>> = {
+  [STATE]: STATE_NARROWINGS,
+  [HOLDERS]: ["provision", "node", "kind"],
+  [ROTATIONS]: ["provider", "provision"],
+};
 
 /** The narrowing fields `what` takes. */
-const narrowingsOf = (what: Asked): readonly Narrowing[] => (what === STATE ? STATE_NARROWINGS : VERB_SHAPE.whats[what].narrowings);
+const narrowingsOf = (what: Asked): readonly Narrowing[] =>
+  what === STATE || what === HOLDERS || what === ROTATIONS ? DERIVED_NARROWINGS[what] : VERB_SHAPE.whats[what].narrowings;
 
 export const DEFAULT_LIMIT = 1000;
 export const MAX_LIMIT = 10_000;
@@ -101,6 +114,13 @@ export const provisioningRequest = z
           message: `does not apply to what=${request.what} (it narrows ${takers.join(", ")})`,
         });
       }
+    }
+    if (request.what === HOLDERS && request.provision === undefined) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["provision"],
+        message: `is required with what=${HOLDERS}: the provision whose holders to list`,
+      });
     }
     if (request.state !== undefined && request.what !== STATE) {
       ctx.addIssue({ code: "custom", path: ["state"], message: `does not apply to what=${request.what} (it narrows ${STATE})` });
@@ -359,10 +379,25 @@ export function answerStatePage(
     cursors.after === undefined ? 0 : firstAtOrAfter(model, `${cursors.after}\u0000`),
   );
   const budget = maxPayload - HEADROOM;
-  const misshapen =
-    node === undefined && module === undefined && cursors.after === undefined ? model.outOfShape.map((o) => JSON.stringify(o)) : [];
-  let size =
-    Buffer.byteLength(answerText({ ...emptyPage(STATE), ...confirmed })) + misshapen.reduce((n, o) => n + Buffer.byteLength(o) + 1, 0);
+  // Keys that name no module, on the first page of a request narrowed by neither: at most half
+  // the page, the rest counted in a last item.
+  const misshapen: string[] = [];
+  let size = Buffer.byteLength(answerText({ ...emptyPage(STATE), ...confirmed }));
+  if (node === undefined && module === undefined && cursors.after === undefined) {
+    for (const [i, o] of model.outOfShape.entries()) {
+      const text = JSON.stringify(o);
+      if (size + Buffer.byteLength(text) + 1 > budget / 2) {
+        const rest = model.outOfShape.length - i;
+        misshapen.push(
+          JSON.stringify({ key: "…", reason: `${rest} more keys out of shape, not named: see what=needs, applied or the assignments` }),
+        );
+        size += 200;
+        break;
+      }
+      misshapen.push(text);
+      size += Buffer.byteLength(text) + 1;
+    }
+  }
   const entries: string[] = [];
   let lastKey: string | undefined;
   let more = false;
@@ -379,8 +414,26 @@ export function answerStatePage(
     }
     const text = entryText(kept, at);
     const itemSize = Buffer.byteLength(text) + 1;
-    if (entries.length > 0 && size + itemSize + NEXT_BYTES + cursors.length(m.key) > budget) {
-      more = true;
+    if (size + itemSize + NEXT_BYTES + cursors.length(m.key) > budget) {
+      if (entries.length > 0) {
+        more = true;
+        break;
+      }
+      if (misshapen.length > 0) {
+        // The keys out of shape took the room: the next page starts at this module.
+        lastKey = i > 0 ? model.modules[i - 1]!.base.key : "";
+        more = true;
+        break;
+      }
+      // An entry larger than any reply is said, never a failed page.
+      const said = JSON.stringify({
+        key: m.key,
+        reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})`,
+      });
+      misshapen.push(said);
+      size += Buffer.byteLength(said) + 1;
+      lastKey = m.key;
+      more = i + 1 < model.modules.length;
       break;
     }
     entries.push(text);
@@ -408,3 +461,55 @@ function entryText(kept: { base: object }, at: object): string {
 }
 
 export { countsAgainst };
+
+/**
+ * One page of `items` (sorted by key, each its JSON text) for `what`: those after the request's
+ * cursor, at most `limit` and `maxPayload` bytes less a headroom, `next` when some remain; an
+ * item larger than any reply is said in `outOfShape` (docs/verb.md §4.4).
+ */
+export function answerItemsPage(
+  what: Asked,
+  request: ProvisioningRequest,
+  items: readonly { key: string; text: string }[],
+  maxPayload: number,
+  cursors: Cursors = cursorsOf(request),
+  outOfShape: readonly { key: string; reason: string }[] = [],
+): JsonText {
+  const budget = maxPayload - HEADROOM;
+  const misshapen = cursors.after === undefined ? outOfShape.map((o) => JSON.stringify(o)) : [];
+  let size = Buffer.byteLength(answerText(emptyPage(what))) + misshapen.reduce((n, o) => n + Buffer.byteLength(o) + 1, 0);
+  const entries: string[] = [];
+  let lastKey: string | undefined;
+  let more = false;
+  for (const item of items) {
+    if (cursors.after !== undefined && item.key <= cursors.after) continue;
+    if (entries.length === request.limit) {
+      more = true;
+      break;
+    }
+    const itemSize = Buffer.byteLength(item.text) + 1;
+    if (size + itemSize + NEXT_BYTES + cursors.length(item.key) > budget) {
+      if (entries.length > 0) {
+        more = true;
+        break;
+      }
+      misshapen.push(
+        JSON.stringify({ key: item.key, reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})` }),
+      );
+      lastKey = item.key;
+      more = true;
+      break;
+    }
+    entries.push(item.text);
+    size += itemSize;
+    lastKey = item.key;
+  }
+  return new JsonText(
+    answerText({
+      what: JSON.stringify(what),
+      entries: `[${entries.join(",")}]`,
+      outOfShape: `[${misshapen.join(",")}]`,
+      ...(more && lastKey !== undefined ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
+    }),
+  );
+}

@@ -6,7 +6,9 @@
 import { z } from "zod";
 import type { Entry, KeyRecord, Snapshot } from "../../runtime/index.ts";
 import { decodeKey, TOKEN } from "./keys.ts";
+import { appliedOf } from "./applied.ts";
 import { failingOf } from "./follower.ts";
+import { heldIn, holdersIndex, rotationConfig, rotationsIn, rotationStates, type StaleHolder } from "./rotation.ts";
 
 /** The states of a module (docs/state.md §7.3), in the order counts are said. */
 export const STATES = ["unassigned", "never-ran", "pending", "failed", "declares-nothing", "applied"] as const;
@@ -24,9 +26,11 @@ export const CONDITIONS = [
 export type ConditionType = (typeof CONDITIONS)[number];
 
 /** `provisioning` of `wrangler-free.config.ts` (docs/state.md §7): how long never-ran or pending may last before it is Late. */
-export const provisioningConfig = z.object({
-  provisioning: z.strictObject({ graceSeconds: z.number().int().min(1).default(600) }).default({ graceSeconds: 600 }),
-});
+export const provisioningConfig = z
+  .object({
+    provisioning: z.strictObject({ graceSeconds: z.number().int().min(1).default(600) }).default({ graceSeconds: 600 }),
+  })
+  .extend(rotationConfig.shape);
 
 /** A condition of a module, the Kubernetes condition's shape: `reason` one CamelCase word, `message` a sentence, `since` when it began. */
 export interface Condition {
@@ -73,6 +77,7 @@ export interface StateInputs {
   readonly applied: Snapshot;
   readonly registry: Snapshot;
   readonly failing: Snapshot;
+  readonly rotations: Snapshot;
 }
 
 /** A module as the model keeps it: its state without `Late`, which depends on the time asked. */
@@ -80,8 +85,10 @@ export interface Kept {
   readonly base: ModuleState;
   /** When it becomes Late (ms since the epoch): never-ran or pending only. */
   readonly lateAt: number | null;
-  /** Whether it counts against the mesh whatever the time (a state or a condition besides Late). */
+  /** Whether it counts against the mesh whatever the time (a state or a condition besides Late and Stale). */
   readonly against: boolean;
+  /** Its holders stale for a rotation (docs/rotation.md §8.3), each with when it passes the rotation's grace (ms since the epoch). */
+  readonly stale: readonly (StaleHolder & { readonly staleAt: number })[];
 }
 
 /** Every module's state of one set of snapshots, in key order, and the keys that name no module. */
@@ -93,7 +100,16 @@ export interface Model {
   readonly keys: readonly string[];
 }
 
-const decoder = new TextDecoder();
+// Values are UTF-8 JSON: bytes that are not UTF-8 are said, never read as U+FFFD.
+const decoder = new TextDecoder("utf-8", { fatal: true });
+/** The longest `error` and condition message kept, in characters; a longer one is cut and marked with `…`. */
+export const MAX_TEXT = 1024;
+const cut = (text: string) => {
+  const chars = [...text];
+  return chars.length <= MAX_TEXT ? text : `${chars.slice(0, MAX_TEXT - 1).join("")}…`;
+};
+/** At most this many needs are named in one condition's message; the rest are counted. */
+const NAMED = 10;
 /** What a need's value says of its provider: its module name, or why it is out of shape. */
 type NeedValue = { readonly provider?: string; readonly bad?: string };
 const NONE: NeedValue = Object.freeze({});
@@ -120,39 +136,27 @@ function needValueOf(entry: Entry): NeedValue {
   return read;
 }
 
-/** The fields of an applied record this project reads (docs/state.md §7.2); a field of the wrong type is read as absent and said. */
-function appliedOf(entry: Entry): { error?: string; revisions?: Record<string, string>; bad: string[] } {
-  let value: unknown;
-  try {
-    value = JSON.parse(decoder.decode(entry.value));
-  } catch (err) {
-    return { bad: [`applied value is not JSON: ${(err as Error).message}`] };
-  }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return { bad: ["applied value is not a JSON object"] };
-  const { error, revisions } = value as { error?: unknown; revisions?: unknown };
-  const bad: string[] = [];
-  const read: { error?: string; revisions?: Record<string, string> } = {};
-  if (error !== undefined) {
-    if (typeof error === "string") read.error = error;
-    else bad.push("applied record's error is not a string");
-  }
-  if (revisions !== undefined) {
-    const ok =
-      typeof revisions === "object" &&
-      revisions !== null &&
-      !Array.isArray(revisions) &&
-      Object.values(revisions).every((r) => typeof r === "string");
-    if (ok) read.revisions = revisions as Record<string, string>;
-    else bad.push("applied record's revisions is not an object of strings");
-  }
-  return { ...read, bad };
-}
-
 interface Gathered {
   assignment?: KeyRecord;
-  needs: { key: string; kind: string; name: string; created: Date; value: NeedValue }[];
-  applied?: { created: Date; error?: string };
+  needs: { key: string; kind: string; name: string; created: Date; nanos: number; value: NeedValue }[];
+  applied?: { created: Date; nanos: number; error?: string };
   outOfShape: { key: string; reason: string; at: Date }[];
+}
+
+// Whether an assignment's value is JSON, once per stored record.
+const assignmentValues = new WeakMap<KeyRecord, string | null>();
+function assignmentProblem(record: KeyRecord): string | null {
+  let problem = assignmentValues.get(record);
+  if (problem === undefined) {
+    try {
+      JSON.parse(decoder.decode(record.value));
+      problem = null;
+    } catch (err) {
+      problem = `assignment value is not JSON: ${(err as Error).message}`;
+    }
+    assignmentValues.set(record, problem);
+  }
+  return problem;
 }
 
 const iso = (d: Date) => d.toISOString();
@@ -167,21 +171,32 @@ function moduleOfKey(key: string): string | undefined {
 /** The state of one gathered module (docs/state.md §7.3), and when it began. */
 function stateOf(g: Gathered): { state: State; since: Date } {
   const assigned = g.assignment !== undefined && !g.assignment.deleted;
+  // By the server's nanoseconds: a need and an applied record of one millisecond are told apart.
+  const first = (needs: Gathered["needs"]) => needs.reduce((a, b) => (b.nanos < a.nanos ? b : a)).created;
   if (!assigned) {
-    const newest = Math.max(...g.needs.map((n) => n.created.getTime()), g.applied?.created.getTime() ?? -Infinity);
-    return { state: "unassigned", since: g.assignment?.deleted ? g.assignment.created : new Date(newest) };
+    if (g.assignment?.deleted) return { state: "unassigned", since: g.assignment.created };
+    const records = [...g.needs, ...(g.applied === undefined ? [] : [g.applied])];
+    return { state: "unassigned", since: records.reduce((a, b) => (b.nanos > a.nanos ? b : a)).created };
   }
   if (g.applied === undefined) {
     if (g.needs.length === 0) return { state: "never-ran", since: g.assignment!.created };
-    return { state: "pending", since: new Date(Math.min(...g.needs.map((n) => n.created.getTime()))) };
+    return { state: "pending", since: first(g.needs) };
   }
-  const after = g.needs.filter((n) => n.created > g.applied!.created);
-  if (after.length > 0) return { state: "pending", since: new Date(Math.min(...after.map((n) => n.created.getTime()))) };
+  const after = g.needs.filter((n) => n.nanos > g.applied!.nanos);
+  if (after.length > 0) return { state: "pending", since: first(after) };
   if (g.applied.error !== undefined) return { state: "failed", since: g.applied.created };
   return { state: g.needs.length === 0 ? "declares-nothing" : "applied", since: g.applied.created };
 }
 
-const names = (needs: readonly { kind: string; name: string }[]) => needs.map((n) => `${n.kind}.${n.name}`).join(", ");
+/** The needs a message names: at most {@link NAMED}, the rest counted. */
+const names = (needs: readonly { kind: string; name: string }[]) =>
+  needs
+    .slice(0, NAMED)
+    .map((n) => `${n.kind}.${n.name}`)
+    .join(", ") + (needs.length > NAMED ? ` and ${needs.length - NAMED} more` : "");
+/** At most {@link NAMED} parts of a message, the rest counted. */
+const parts = (items: readonly string[]) =>
+  cut(items.slice(0, NAMED).join("; ") + (items.length > NAMED ? `; and ${items.length - NAMED} more` : ""));
 const earliest = (dates: readonly Date[]) => new Date(Math.min(...dates.map((d) => d.getTime())));
 
 /**
@@ -189,14 +204,30 @@ const earliest = (dates: readonly Date[]) => new Date(Math.min(...dates.map((d) 
  * Keys of the assignments, needs and applied buckets whose node and module cannot be told are
  * in `outOfShape`; those that can, and bad fields of values, are the module's `OutOfShape`.
  */
-export async function modelOf(inputs: StateInputs, graceSeconds: number): Promise<Model> {
-  const [assignments, needs, applied, registry, failing] = await Promise.all([
+export async function modelOf(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
+  const [assignments, needs, applied, registry, failing, { rotations }, byProvision] = await Promise.all([
     inputs.assignments.reads.records(">"),
     inputs.needs.reads.list(">"),
     inputs.applied.reads.list(">"),
     inputs.registry.reads.list(">"),
     inputs.failing.reads.list(">"),
+    rotationsIn(inputs.rotations.reads),
+    holdersIndex(inputs.needs),
   ]);
+  // Stale holders by module, from the rotations kept (docs/rotation.md §8.3).
+  const staleByModule = new Map<string, (StaleHolder & { staleAt: number })[]>();
+  if (rotations.length > 0) {
+    const appliedByKey = new Map(applied.map((e) => [e.key, e] as const));
+    for (const list of rotationStates(rotations, byProvision, heldIn(appliedByKey)).stale.values()) {
+      for (const h of list) {
+        const key = `${h.node}.${h.module}`;
+        staleByModule.set(key, [
+          ...(staleByModule.get(key) ?? []),
+          { ...h, staleAt: Date.parse(h.rotatedAt) + rotationGraceSeconds * 1000 },
+        ]);
+      }
+    }
+  }
   const kinds = new Set(registry.map((e) => e.key));
   const failingByModule = new Map<string, { provider: string; word: string; since: string }[]>();
   for (const f of failingOf(failing).failing) {
@@ -223,15 +254,8 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       continue;
     }
     at(record.key).assignment = record;
-    if (!record.deleted) {
-      try {
-        JSON.parse(decoder.decode(record.value));
-      } catch (err) {
-        const reason = `assignment value is not JSON: ${(err as Error).message}`;
-        outOfShape.push({ key: `assignments:${record.key}`, reason });
-        at(record.key).outOfShape.push({ key: `assignments:${record.key}`, reason, at: record.created });
-      }
-    }
+    const problem = record.deleted ? null : assignmentProblem(record);
+    if (problem !== null) at(record.key).outOfShape.push({ key: `assignments:${record.key}`, reason: problem, at: record.created });
   }
   for (const entry of needs) {
     const decoded = decodeKey("needs", entry.key);
@@ -241,7 +265,7 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
     }
     const { node, module, kind, name } = decoded.fields;
     const value = needValueOf(entry);
-    at(`${node}.${module}`).needs.push({ key: entry.key, kind, name, created: entry.created, value });
+    at(`${node}.${module}`).needs.push({ key: entry.key, kind, name, created: entry.created, nanos: entry.createdNanos, value });
     if (value.bad !== undefined) misshapen("needs", entry.key, value.bad, entry.created, `${node}.${module}`);
   }
   for (const entry of applied) {
@@ -251,7 +275,11 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       continue;
     }
     const record = appliedOf(entry);
-    at(entry.key).applied = { created: entry.created, ...(record.error === undefined ? {} : { error: record.error }) };
+    at(entry.key).applied = {
+      created: entry.created,
+      nanos: entry.createdNanos,
+      ...(record.error === undefined ? {} : { error: record.error }),
+    };
     for (const reason of record.bad) misshapen("applied", entry.key, reason, entry.created, entry.key);
   }
 
@@ -262,6 +290,12 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       return (g.assignment !== undefined && !g.assignment.deleted) || g.needs.length > 0 || g.applied !== undefined;
     })
     .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  // Keys out of shape whose module is no module (no assignment, need or applied record): said in the answer.
+  const listed = new Set(keys);
+  for (const [key, g] of gathered) {
+    if (listed.has(key)) continue;
+    for (const o of g.outOfShape) outOfShape.push({ key: o.key, reason: o.reason });
+  }
   const states = new Map(keys.map((key) => [key, stateOf(gathered.get(key)!)]));
   // Where each module name is assigned, and where it is ready, for the needs naming it as their provider.
   const providers = new Map<string, { assigned: string[]; ready: boolean }>();
@@ -290,9 +324,9 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       conditions.push({
         type: "Unanswerable",
         reason: "NoDomain",
-        message: [...byKind]
-          .map(([kind, ns]) => `no domain answers kind ${kind} (${ns.length === 1 ? "need" : "needs"} ${names(ns)})`)
-          .join("; "),
+        message: parts(
+          [...byKind].map(([kind, ns]) => `no domain answers kind ${kind} (${ns.length === 1 ? "need" : "needs"} ${names(ns)})`),
+        ),
         since: iso(earliest(unanswerable.map((n) => n.created))),
       });
     }
@@ -301,7 +335,7 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       conditions.push({
         type: "ProviderFailing",
         reason: "ProviderSaysFailing",
-        message: failed.map((f) => `${f.provider} fails it: ${f.word}`).join("; "),
+        message: parts(failed.map((f) => `${f.provider} fails it: ${f.word}`)),
         since: failed.map((f) => f.since).sort()[0]!,
       });
     }
@@ -311,7 +345,7 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       conditions.push({
         type: "ProviderNotAssigned",
         reason: "ProviderNotAssigned",
-        message: notAssigned.map((n) => `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to no node`).join("; "),
+        message: parts(notAssigned.map((n) => `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to no node`)),
         since: iso(earliest(notAssigned.map((n) => n.created))),
       });
     }
@@ -323,12 +357,12 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       conditions.push({
         type: "ProviderNotReady",
         reason: "ProviderNotApplied",
-        message: notReady
-          .map((n) => {
+        message: parts(
+          notReady.map((n) => {
             const p = providers.get(n.value.provider!)!;
-            return `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to ${p.assigned.join(", ")} but applied on none`;
-          })
-          .join("; "),
+            return `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to ${p.assigned.slice(0, NAMED).join(", ")}${p.assigned.length > NAMED ? ` and ${p.assigned.length - NAMED} more` : ""} but applied on none`;
+          }),
+        ),
         since: iso(earliest(notReady.map((n) => n.created))),
       });
     }
@@ -336,7 +370,7 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       conditions.push({
         type: "OutOfShape",
         reason: "OutOfShape",
-        message: g.outOfShape.map((o) => `${o.key}: ${o.reason}`).join("; "),
+        message: parts(g.outOfShape.map((o) => `${o.key}: ${o.reason}`)),
         since: iso(earliest(g.outOfShape.map((o) => o.at))),
       });
     }
@@ -357,26 +391,51 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number): Promis
       base,
       lateAt: progressing ? since.getTime() + graceSeconds * 1000 : null,
       against: conditions.length > 0 || !(progressing || state === "applied" || state === "declares-nothing"),
+      stale: staleByModule.get(key) ?? [],
     };
   });
   return { modules, outOfShape, counts, keys };
 }
 
-/** A module's state at `now`: `Late` added once its grace has passed. */
+/** The holders of a module stale past their rotation's grace at `now`. */
+export const staleAt = (kept: Kept, now: Date) => kept.stale.filter((h) => now.getTime() >= h.staleAt);
+
+/** A module's state at `now`: `Late` added once its grace has passed, `Stale` once a stale holder's has. */
 export function stateAt(kept: Kept, now: Date, graceSeconds: number): ModuleState {
-  if (kept.lateAt === null || now.getTime() < kept.lateAt) return kept.base;
+  const late = kept.lateAt !== null && now.getTime() >= kept.lateAt;
+  const stale = kept.stale.length === 0 ? [] : staleAt(kept, now);
+  if (!late && stale.length === 0) return kept.base;
   const { base } = kept;
   const waiting = base.state === "never-ran" ? "no applied record and no needs" : pendingWords(base);
   return {
     ...base,
     conditions: [
-      {
-        type: "Late",
-        reason: base.state === "never-ran" ? "NeverRan" : "Pending",
-        message: `${base.state} for longer than ${graceSeconds} s: ${waiting}`,
-        since: new Date(kept.lateAt).toISOString(),
-      },
+      ...(late
+        ? [
+            {
+              type: "Late" as const,
+              reason: base.state === "never-ran" ? "NeverRan" : "Pending",
+              message: `${base.state} for longer than ${graceSeconds} s: ${waiting}`,
+              since: new Date(kept.lateAt!).toISOString(),
+            },
+          ]
+        : []),
       ...base.conditions,
+      ...(stale.length === 0
+        ? []
+        : [
+            {
+              type: "Stale" as const,
+              reason: "RotationNotApplied",
+              message: parts(
+                stale.map(
+                  (h) =>
+                    `${h.provider} rotated ${h.provision} to ${h.revision}; it holds ${h.heldRevision ?? "no revision of it"} (need ${h.key.split(".").slice(2).join(".")})`,
+                ),
+              ),
+              since: new Date(Math.min(...stale.map((h) => h.staleAt))).toISOString(),
+            },
+          ]),
     ],
   };
 }
@@ -385,7 +444,8 @@ const pendingWords = (m: ModuleState) =>
   m.appliedAt === null ? `${plural(m.needs, "need")} and no applied record` : "needs written after the last applied record";
 
 /** Whether a module counts against the mesh at `now` (docs/state.md §7.4): not well, and not progressing within its grace. */
-export const countsAgainst = (kept: Kept, now: Date) => kept.against || (kept.lateAt !== null && now.getTime() >= kept.lateAt);
+export const countsAgainst = (kept: Kept, now: Date) =>
+  kept.against || (kept.lateAt !== null && now.getTime() >= kept.lateAt) || kept.stale.some((h) => now.getTime() >= h.staleAt);
 
 // The last model made, by the stamps of its snapshots: asked again unchanged, it is not made again.
 let last: { stamp: string; model: Promise<Model> } | undefined;
@@ -394,9 +454,11 @@ let last: { stamp: string; model: Promise<Model> } | undefined;
  * The model of the views' snapshots now (each view checked current once, docs/verb.md §4.6), made
  * again only when one of them changed since the last one.
  */
-export function currentModel(inputs: StateInputs, graceSeconds: number): Promise<Model> {
+export function currentModel(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
   const stamp = [
     graceSeconds,
+    rotationGraceSeconds,
+    inputs.rotations.stamp,
     inputs.assignments.stamp,
     inputs.needs.stamp,
     inputs.applied.stamp,
@@ -404,7 +466,7 @@ export function currentModel(inputs: StateInputs, graceSeconds: number): Promise
     inputs.failing.stamp,
   ].join("|");
   if (last?.stamp !== stamp) {
-    const model = modelOf(inputs, graceSeconds);
+    const model = modelOf(inputs, graceSeconds, rotationGraceSeconds);
     last = { stamp, model };
     model.catch(() => {
       if (last?.model === model) last = undefined;
@@ -418,7 +480,7 @@ export async function snapshotsOf(
   views: Readonly<Record<keyof StateInputs, { snapshot(): Promise<Snapshot>; localSnapshot(): Snapshot }>>,
   stale = false,
 ): Promise<StateInputs> {
-  const names = ["assignments", "needs", "applied", "registry", "failing"] as const;
+  const names = ["assignments", "needs", "applied", "registry", "failing", "rotations"] as const;
   const taken = await Promise.all(names.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
   return Object.fromEntries(names.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
 }
@@ -478,3 +540,25 @@ export const NO_PROVISIONING: Provisioning = Object.freeze({
   notWell: [],
   omitted: 0,
 });
+
+/** The holders stale past their rotation's grace at `now` (docs/rotation.md §8.3), narrowed as status is. */
+export function staleHoldersOf(
+  model: Model,
+  now: Date,
+  narrowing: { provider?: string; node?: string; module?: string } = {},
+): StaleHolder[] {
+  const found: StaleHolder[] = [];
+  for (const kept of model.modules) {
+    if (kept.stale.length === 0) continue;
+    for (const { staleAt: _, ...h } of staleAt(kept, now)) {
+      if (narrowing.provider !== undefined && h.provider !== narrowing.provider) continue;
+      if (narrowing.node !== undefined && h.node !== narrowing.node) continue;
+      if (narrowing.module !== undefined && h.module !== narrowing.module) continue;
+      found.push(h);
+    }
+  }
+  return found;
+}
+
+/** Every stale holder of `model`, within its grace or past it. */
+export const staleCount = (model: Model) => model.modules.reduce((n, kept) => n + kept.stale.length, 0);

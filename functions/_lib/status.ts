@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { ReadBucket, StoreUse } from "../../runtime/index.ts";
 import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
 import { filtersFor, token } from "./keys.ts";
+import type { StaleHolder } from "./rotation.ts";
 import { provisioningSchema, type Provisioning } from "./state.ts";
 
 /** The status verb's subject (docs/failing.md §5). */
@@ -35,6 +36,8 @@ export interface Status {
   readonly events: Events;
   /** Modules by state, and those that count against the mesh (docs/state.md §7.5). */
   readonly provisioning: Provisioning;
+  /** Holders stale past the rotation's grace (docs/rotation.md §8.3). */
+  readonly stale: StaleHolder[];
 }
 
 /** Whether the mesh can record providers' events now, and what the follower holds of them (docs/failing.md §5.6). */
@@ -82,6 +85,19 @@ export const statusAnswer = z.object({
     ackWaitSeconds: z.number().nullable(),
   }),
   provisioning: provisioningSchema,
+  stale: z.array(
+    z.object({
+      provider: z.string(),
+      provision: z.string(),
+      node: z.string(),
+      module: z.string(),
+      key: z.string(),
+      revision: z.string(),
+      heldRevision: z.string().nullable(),
+      rotatedAt: z.string(),
+      appliedAt: z.string().nullable(),
+    }),
+  ),
 }) satisfies z.ZodType<Status>;
 
 /**
@@ -127,6 +143,7 @@ export async function readStatus(
   runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }>; store(): StoreUse },
   maxPayload: number,
   provisioning: Provisioning,
+  stale: StaleHolder[] = [],
 ): Promise<Status> {
   const [entries, kinds, compiled, refused] = await Promise.all([
     buckets.failing.list(filtersFor("failing", request)),
@@ -137,7 +154,7 @@ export async function readStatus(
   const { failing, outOfShape } = failingOf(entries);
   const events = eventsOf(runtime.store());
   const status: Status = {
-    well: failing.length === 0 && outOfShape.length === 0 && events.recording && provisioning.notWell.length === 0,
+    well: failing.length === 0 && outOfShape.length === 0 && events.recording && provisioning.notWell.length === 0 && stale.length === 0,
     failing,
     outOfShape,
     omitted: 0,
@@ -145,6 +162,7 @@ export async function readStatus(
     rejectedEvents: refused.count,
     events,
     provisioning,
+    stale,
   };
   return fitted(status, maxPayload - HEADROOM);
 }
@@ -158,6 +176,8 @@ function fitted(status: Status, budget: number): Status {
   let size = Buffer.byteLength(JSON.stringify(status)) + 32; // room for larger `omitted`s
   if (size <= budget) return status;
   const notWell = [...status.provisioning.notWell];
+  const stale = [...status.stale];
+  while (size > budget && stale.length > 1) size -= itemBytes(stale.pop());
   const outOfShape = [...status.outOfShape];
   const failing = [...status.failing];
   while (size > budget && notWell.length > 0) size -= itemBytes(notWell.pop());
@@ -165,5 +185,5 @@ function fitted(status: Status, budget: number): Status {
   while (size > budget && failing.length > 0) size -= itemBytes(failing.pop());
   const omitted = status.failing.length - failing.length + status.outOfShape.length - outOfShape.length;
   const provisioning = { ...status.provisioning, notWell, omitted: status.provisioning.notWell.length - notWell.length };
-  return { ...status, failing, outOfShape, omitted, provisioning };
+  return { ...status, failing, outOfShape, omitted: omitted + status.stale.length - stale.length, provisioning, stale };
 }

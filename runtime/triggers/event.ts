@@ -26,7 +26,7 @@ import { bindingName, type Target, type TriggerKind } from "./kind.ts";
 export type EventTrigger = { readonly event: string; readonly stream?: string };
 /**
  * What an event's run says of it: its subject and, with a stream, the stream's name, the
- * message's stream sequence and how often it was delivered.
+ * message's stream sequence, how often it was delivered and when the server stored it.
  */
 export type EventInfo = {
   readonly kind: "event";
@@ -34,6 +34,8 @@ export type EventInfo = {
   readonly stream?: string;
   readonly sequence?: number;
   readonly deliveries?: number;
+  /** With a stream: when the server stored the message (its time, not the publisher's). */
+  readonly storedAt?: Date;
 };
 
 const schema = z.strictObject({
@@ -274,7 +276,14 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         const outcome = await env.run(
           fn,
           { data: m.data },
-          { kind: "event", subject: m.subject, stream, sequence: m.seq, deliveries: m.info.redeliveryCount },
+          {
+            kind: "event",
+            subject: m.subject,
+            stream,
+            sequence: m.seq,
+            deliveries: m.info.redeliveryCount,
+            storedAt: new Date(m.info.timestampNanos / 1e6),
+          },
         );
         // A refusal is acknowledged (the runner counted it); a fault comes again.
         if (!outcome.ok && outcome.error.code >= 500) return m.nak(backoff(m.info.redeliveryCount));

@@ -8,7 +8,7 @@
 import { createRequire } from "node:module";
 import type { KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "pino";
-import { filterList, watchOf } from "../buckets.ts";
+import { filterList, nanosOf, watchOf } from "../buckets.ts";
 import type { KeyRecord, ListOptions } from "../types.ts";
 import { subjectMatches } from "../subjects.ts";
 
@@ -85,6 +85,7 @@ export function applyEntry(generation: Generation, entry: KvEntry): void {
     value: kept ? entry.value.slice() : EMPTY,
     revision: entry.revision,
     created: entry.created,
+    createdNanos: nanosOf(entry),
     deleted,
   };
   if (!kept) generation.cut.add(record);

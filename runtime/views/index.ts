@@ -4,6 +4,7 @@
  * It wires a generation (generation.ts: the tree one watch fills), freshness (freshness.ts:
  * whether the tree is current) and resync (resync.ts: loading the bucket again when it is not).
  */
+import { randomUUID } from "node:crypto";
 import type { KV, NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { checkedKey } from "../buckets.ts";
@@ -144,13 +145,15 @@ export async function openView(
     },
   });
 
-  // Each load of the bucket has its number: a stamp is the load's and the last sequence it applied.
+  // Each load of the bucket has its number: a stamp is this view's, the load's and the last
+  // sequence it applied, so no two views (of two servers in one process) give the same.
+  const view = randomUUID();
   const loads = new WeakMap<Generation, number>();
   let loadsMade = 0;
   const stampOf = (generation: Generation) => {
     let n = loads.get(generation);
     if (n === undefined) loads.set(generation, (n = ++loadsMade));
-    return `${n}.${generation.applied}`;
+    return `${view}.${n}.${generation.applied}`;
   };
   let serverReads = 0;
   return {
@@ -158,7 +161,7 @@ export async function openView(
     loaded: first.loaded,
     local,
     snapshot: async () =>
-      (await fresh.caughtUp()) ? { stamp: stampOf(current!), reads: local } : { stamp: `server.${++serverReads}`, reads: server },
+      (await fresh.caughtUp()) ? { stamp: stampOf(current!), reads: local } : { stamp: `${view}.server.${++serverReads}`, reads: server },
     localSnapshot: () => ({ stamp: stampOf(current!), reads: local }),
     sequence: () => current!.applied,
     confirmedAt: () => fresh.confirmedAt(),

@@ -1,0 +1,61 @@
+/**
+ * The applied record a node's client writes after each pass over a module (docs/state.md §7.2):
+ * the fields this project reads, a field of the wrong type read as absent and said.
+ */
+import type { Entry, ReadBucket } from "../../runtime/index.ts";
+
+const decoder = new TextDecoder("utf-8", { fatal: true });
+/** The longest `error` kept, in characters; a longer one is cut and marked with `…`. */
+export const MAX_ERROR = 1024;
+const cut = (text: string) => {
+  const chars = [...text];
+  return chars.length <= MAX_ERROR ? text : `${chars.slice(0, MAX_ERROR - 1).join("")}…`;
+};
+
+export type AppliedFields = { error?: string; revisions?: Record<string, string>; bad: string[] };
+// One reading per stored entry, as for needs.
+const appliedValues = new WeakMap<Entry, AppliedFields>();
+export const appliedOf = (entry: Entry): AppliedFields => {
+  let read = appliedValues.get(entry);
+  if (read === undefined) appliedValues.set(entry, (read = readApplied(entry)));
+  return read;
+};
+
+/** The fields of an applied record this project reads (docs/state.md §7.2); a field of the wrong type is read as absent and said. */
+function readApplied(entry: Entry): AppliedFields {
+  let value: unknown;
+  try {
+    value = JSON.parse(decoder.decode(entry.value));
+  } catch (err) {
+    return { bad: [`applied value is not JSON: ${(err as Error).message}`] };
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return { bad: ["applied value is not a JSON object"] };
+  const { error, revisions } = value as { error?: unknown; revisions?: unknown };
+  const bad: string[] = [];
+  const read: { error?: string; revisions?: Record<string, string> } = {};
+  if (error !== undefined) {
+    if (typeof error === "string") read.error = cut(error);
+    else bad.push("applied record's error is not a string");
+  }
+  if (revisions !== undefined) {
+    const ok =
+      typeof revisions === "object" &&
+      revisions !== null &&
+      !Array.isArray(revisions) &&
+      Object.values(revisions).every((r) => typeof r === "string");
+    if (ok) read.revisions = revisions as Record<string, string>;
+    else bad.push("applied record's revisions is not an object of strings");
+  }
+  return { ...read, bad };
+}
+
+// The applied records by key, by the stamp of the snapshot they were listed from.
+let index: { stamp: string; byKey: Map<string, Entry> } | undefined;
+
+/** Every applied record by its key `<node>.<module>`, kept until the applied bucket changes. */
+export async function appliedIndex(applied: { stamp: string; reads: ReadBucket }): Promise<Map<string, Entry>> {
+  if (index?.stamp === applied.stamp) return index.byKey;
+  const byKey = new Map((await applied.reads.list(">")).map((e) => [e.key, e] as const));
+  index = { stamp: applied.stamp, byKey };
+  return byKey;
+}

@@ -1,0 +1,320 @@
+/**
+ * Holders and rotations (docs/rotation.md §8): who holds a provision (the needs naming it), the
+ * rotations providers announce, which holders are stale for them, and what is noticed and
+ * released. Every comparison of writes is on the server's times.
+ */
+import { z } from "zod";
+import {
+  badInput,
+  formatIssues,
+  keyedSerial,
+  RevisionConflict,
+  type Entry,
+  type ReadBucket,
+  type WriteBucket,
+} from "../../runtime/index.ts";
+import { appliedOf } from "./applied.ts";
+import { MAX_TOKEN, TOKEN, token } from "./keys.ts";
+import { compareTimes, rfc3339 } from "./times.ts";
+
+/** `rotation` of `wrangler-free.config.ts` (docs/rotation.md §8.4). */
+export const rotationConfig = z.object({
+  rotation: z
+    .strictObject({
+      /** How long a holder may stay stale before it counts against the mesh, in seconds. */
+      graceSeconds: z.number().int().min(1).default(300),
+      /** For how long after a rotation nodes still stale are noticed again, in minutes. */
+      renoticeMinutes: z.number().int().min(0).default(60),
+      /** How often nodes still stale are noticed again, in seconds. */
+      renoticeEverySeconds: z.number().int().min(1).default(60),
+    })
+    .default({ graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60 }),
+});
+export type RotationConfig = z.output<typeof rotationConfig>["rotation"];
+
+/** The subject a node's notices go to (docs/rotation.md §8.5). */
+export const refreshSubject = (node: string) => `mesh-provisioner.refresh.${node}`;
+/** The subject a provider's releases go to (docs/rotation.md §8.6). */
+export const releasedSubject = (provider: string) => `mesh-provisioner.released.${provider}`;
+
+/** The longest revision kept, in characters. */
+export const MAX_REVISION = 256;
+
+/**
+ * `<provider>.provisioner.rotated` (docs/rotation.md §8.2): `{ provision, revision, at }`, and
+ * `machine` and `consumer` together when only that holder's credential changed.
+ */
+export const rotatedEvent = z
+  .object({
+    provision: token,
+    revision: z.string().min(1, "must name the new revision").max(MAX_REVISION),
+    at: rfc3339,
+    machine: token.optional(),
+    consumer: token.optional(),
+  })
+  .refine((e) => (e.machine === undefined) === (e.consumer === undefined), {
+    message: "machine and consumer go together: both (one holder) or neither (every holder)",
+    path: ["consumer"],
+  });
+export type RotatedEvent = z.output<typeof rotatedEvent>;
+
+/** What the rotations bucket keeps per key (docs/rotation.md §8.2). */
+export const rotationValue = z.object({
+  revision: z.string(),
+  at: rfc3339,
+  /** When the server stored the event: what holders' applied records are compared with. */
+  arrivedAt: z.iso.datetime(),
+  noticedAt: z.iso.datetime().nullable().default(null),
+  notices: z.number().int().min(0).default(0),
+  releasedAt: z.iso.datetime().nullable().default(null),
+});
+export type RotationValue = z.output<typeof rotationValue>;
+
+/** A kept rotation: its key's fields and its value. */
+export interface Rotation extends RotationValue {
+  readonly key: string;
+  readonly provider: string;
+  readonly provision: string;
+  readonly machine?: string;
+  readonly consumer?: string;
+  /** The record's revision, for compare-and-set. */
+  readonly record: number;
+}
+
+/** The key of a rotation: `<provider>.<provision>`, or `<provider>.<provision>.<machine>.<consumer>` for one holder. */
+export const rotationKey = (provider: string, e: { provision: string; machine?: string; consumer?: string }) =>
+  e.machine === undefined ? `${provider}.${e.provision}` : `${provider}.${e.provision}.${e.machine}.${e.consumer}`;
+
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+/** A rotations bucket entry as a rotation, or why it is none. */
+export function rotationOf(entry: Entry): Rotation | { key: string; reason: string } {
+  const tokens = entry.key.split(".");
+  if ((tokens.length !== 2 && tokens.length !== 4) || tokens.some((t) => !TOKEN.test(t))) {
+    return { key: entry.key, reason: "rotations keys are <provider>.<provision>[.<machine>.<consumer>]" };
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(decoder.decode(entry.value));
+  } catch (err) {
+    return { key: entry.key, reason: `value is not JSON: ${(err as Error).message}` };
+  }
+  const value = rotationValue.safeParse(json);
+  if (!value.success) return { key: entry.key, reason: `value is not a rotation: ${formatIssues(value.error.issues)}` };
+  const [provider, provision, machine, consumer] = tokens as [string, string, string?, string?];
+  return {
+    key: entry.key,
+    provider,
+    provision,
+    ...(machine === undefined ? {} : { machine, consumer }),
+    ...value.data,
+    record: entry.revision,
+  };
+}
+
+/** The provider a rotated event came from: the first token of its subject. */
+export function providerOfSubject(subject: string): string {
+  const provider = subject.slice(0, subject.indexOf("."));
+  if (!TOKEN.test(provider) || provider.length > MAX_TOKEN) throw badInput(`subject ${subject}: the provider is not one token`);
+  return provider;
+}
+
+const oneAtATime = keyedSerial();
+
+/**
+ * Keeps `event` of `provider` in the rotations bucket if it is newer (by `at`) than what is kept
+ * for its key (docs/rotation.md §8.2), with `arrivedAt` the server's time of the event; the
+ * notices and release start again. Compare-and-set, decided again on a conflict. Says whether it
+ * was kept or older.
+ */
+export async function keepRotation(bucket: WriteBucket, provider: string, event: RotatedEvent, arrivedAt: Date): Promise<"kept" | "older"> {
+  const key = rotationKey(provider, event);
+  return oneAtATime(`${bucket.bucket}/${key}`, async () => {
+    for (let attempt = 0; ; attempt++) {
+      const kept = await bucket.get(key);
+      const was = kept === null ? undefined : rotationOf(kept);
+      if (was !== undefined && "revision" in was && compareTimes(event.at, was.at) <= 0) return "older";
+      const value: RotationValue = {
+        revision: event.revision,
+        at: event.at,
+        arrivedAt: arrivedAt.toISOString(),
+        noticedAt: null,
+        notices: 0,
+        releasedAt: null,
+      };
+      try {
+        if (kept === null) await bucket.create(key, JSON.stringify(value));
+        else await bucket.update(key, JSON.stringify(value), kept.revision);
+        return "kept";
+      } catch (err) {
+        if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
+      }
+    }
+  });
+}
+
+/** One holder: a need of a provision (docs/rotation.md §8.1). */
+export interface Holder {
+  readonly key: string;
+  readonly node: string;
+  readonly module: string;
+  readonly kind: string;
+  readonly name: string;
+}
+
+/** The provision of a need's name: up to its first `/` (docs/rotation.md §8.1). */
+export const provisionOf = (name: string) => {
+  const slash = name.indexOf("/");
+  return slash === -1 ? name : name.slice(0, slash);
+};
+
+// The holders of each provision, by the stamp of the needs snapshot they were made from.
+let index: { stamp: string; byProvision: Map<string, Holder[]> } | undefined;
+
+/** The holders of every provision, from the needs' keys (in key order), kept until the needs change. */
+export async function holdersIndex(needs: { stamp: string; reads: ReadBucket }): Promise<Map<string, Holder[]>> {
+  if (index?.stamp === needs.stamp) return index.byProvision;
+  const byProvision = new Map<string, Holder[]>();
+  for (const entry of await needs.reads.list(">")) {
+    const tokens = entry.key.split(".");
+    if (tokens.length !== 4 || tokens.some((t) => !TOKEN.test(t))) continue;
+    const [node, module, kind, name] = tokens as [string, string, string, string];
+    const provision = provisionOf(name);
+    let list = byProvision.get(provision);
+    if (list === undefined) byProvision.set(provision, (list = []));
+    list.push({ key: entry.key, node, module, kind, name });
+  }
+  index = { stamp: needs.stamp, byProvision };
+  return byProvision;
+}
+
+/** What one holder has in use: its module's applied `revisions[provision]`, and when that record was written. */
+export interface Held {
+  readonly revision: string | null;
+  readonly appliedAt: Date | null;
+  readonly appliedNanos: number | null;
+}
+
+/** Whether a rotation reaches a holder: every holder of its provision, or the one machine and consumer it names. */
+export const reaches = (r: Rotation, h: Holder) =>
+  r.provision === provisionOf(h.name) && (r.machine === undefined || (r.machine === h.node && r.consumer === h.module));
+
+/**
+ * Whether `held` is stale for `rotation` (docs/rotation.md §8.3): its revision differs from the
+ * rotation's, or, holding no revision of it, its applied record (if any) was written before the
+ * rotation arrived.
+ */
+export function isStale(rotation: Rotation, held: Held): boolean {
+  if (held.revision !== null) return held.revision !== rotation.revision;
+  return held.appliedNanos === null || held.appliedNanos < Date.parse(rotation.arrivedAt) * 1e6;
+}
+
+/** The newest (by `at`) of `rotations` that reach `holder`, or none. */
+export function newestFor(rotations: readonly Rotation[], holder: Holder): Rotation | undefined {
+  let newest: Rotation | undefined;
+  for (const r of rotations) if (reaches(r, holder) && (newest === undefined || compareTimes(r.at, newest.at) > 0)) newest = r;
+  return newest;
+}
+
+/** A rotation as `what=rotations` answers it (docs/rotation.md §8.6). */
+export interface RotationState {
+  readonly key: string;
+  readonly provider: string;
+  readonly provision: string;
+  readonly machine?: string;
+  readonly consumer?: string;
+  readonly revision: string;
+  readonly at: string;
+  readonly arrivedAt: string;
+  readonly holders: number;
+  readonly caughtUp: number;
+  readonly stale: number;
+  readonly releasedAt: string | null;
+}
+
+/** A stale holder, as status lists it (docs/rotation.md §8.3). */
+export interface StaleHolder {
+  readonly provider: string;
+  readonly provision: string;
+  readonly node: string;
+  readonly module: string;
+  readonly key: string;
+  /** The revision it should hold. */
+  readonly revision: string;
+  /** The revision it holds, or `null` when its applied record names none. */
+  readonly heldRevision: string | null;
+  readonly rotatedAt: string;
+  readonly appliedAt: string | null;
+}
+
+/**
+ * Each rotation's holders (those it reaches), how many are caught up and stale for it (a holder
+ * counts for the newest rotation that reaches it only), and the stale holders themselves.
+ */
+export function rotationStates(
+  rotations: readonly Rotation[],
+  byProvision: ReadonlyMap<string, readonly Holder[]>,
+  heldBy: (holder: Holder, provision: string) => Held,
+): { states: RotationState[]; stale: Map<string, StaleHolder[]> } {
+  const byProvisionOfRotations = new Map<string, Rotation[]>();
+  for (const r of rotations) byProvisionOfRotations.set(r.provision, [...(byProvisionOfRotations.get(r.provision) ?? []), r]);
+  const stale = new Map<string, StaleHolder[]>();
+  const states = rotations.map((r) => {
+    const holders = (byProvision.get(r.provision) ?? []).filter((h) => reaches(r, h));
+    let staleCount = 0;
+    const list: StaleHolder[] = [];
+    for (const h of holders) {
+      if (newestFor(byProvisionOfRotations.get(r.provision)!, h) !== r) continue;
+      const held = heldBy(h, r.provision);
+      if (!isStale(r, held)) continue;
+      staleCount++;
+      list.push({
+        provider: r.provider,
+        provision: r.provision,
+        node: h.node,
+        module: h.module,
+        key: h.key,
+        revision: r.revision,
+        heldRevision: held.revision,
+        rotatedAt: r.arrivedAt,
+        appliedAt: held.appliedAt?.toISOString() ?? null,
+      });
+    }
+    stale.set(r.key, list);
+    return {
+      key: r.key,
+      provider: r.provider,
+      provision: r.provision,
+      ...(r.machine === undefined ? {} : { machine: r.machine, consumer: r.consumer }),
+      revision: r.revision,
+      at: r.at,
+      arrivedAt: r.arrivedAt,
+      holders: holders.length,
+      caughtUp: holders.length - staleCount,
+      stale: staleCount,
+      releasedAt: r.releasedAt,
+    };
+  });
+  return { states, stale };
+}
+
+/** What a holder holds, from the applied records by key (docs/state.md §7.2). */
+export const heldIn =
+  (applied: ReadonlyMap<string, Entry>) =>
+  (holder: Holder, provision: string): Held => {
+    const entry = applied.get(`${holder.node}.${holder.module}`);
+    if (entry === undefined) return { revision: null, appliedAt: null, appliedNanos: null };
+    return { revision: appliedOf(entry).revisions?.[provision] ?? null, appliedAt: entry.created, appliedNanos: entry.createdNanos };
+  };
+
+/** The kept rotations of a snapshot of the rotations bucket, and its keys out of shape. */
+export async function rotationsIn(reads: ReadBucket): Promise<{ rotations: Rotation[]; outOfShape: { key: string; reason: string }[] }> {
+  const rotations: Rotation[] = [];
+  const outOfShape: { key: string; reason: string }[] = [];
+  for (const entry of await reads.list(">")) {
+    const r = rotationOf(entry);
+    if ("record" in r) rotations.push(r);
+    else outOfShape.push(r);
+  }
+  return { rotations, outOfShape };
+}
