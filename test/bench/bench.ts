@@ -333,6 +333,53 @@ async function main() {
   }
   const rssWithState = rssOf(set.process.pid!);
 
+  // 6c. Holders and a rotation (docs/rotation.md §8): a provision of 10 holders among the 100,000
+  // needs, and one held by 1,000 modules on 1,000 nodes.
+  await fill(
+    needs,
+    (function* () {
+      for (let n = 0; n < 10; n++) yield [`n${n}.m1.secret.few/key`, "{}"] as [string, string];
+      for (let n = 0; n < NODES; n++) yield [`n${n}.m2.bound.rot/secret`, "{}"] as [string, string];
+    })(),
+  );
+  const holdersOfFew = await askVerb(nc, { what: "holders", provision: "few" });
+  if (holdersOfFew.entries.length !== 10) throw new Error(`holders of few: ${holdersOfFew.entries.length}, not 10`);
+  const holders = await latency({
+    echo: () => askEcho(nc),
+    "holders of one provision": () => askVerb(nc, { what: "holders", provision: "few" }),
+  });
+  const noticed = new Set<string>();
+  let lastNotice = 0;
+  let releasedAt = 0;
+  const refresh = nc.subscribe("mesh-provisioner.refresh.>", {
+    callback: (_err, m) => {
+      noticed.add(m.subject);
+      lastNotice = performance.now();
+    },
+  });
+  const release = nc.subscribe("mesh-provisioner.released.bench", { callback: () => (releasedAt = performance.now()) });
+  await nc.flush();
+  await js.publish(
+    "bench.provisioner.rotated",
+    encoder.encode(JSON.stringify({ provision: "rot", revision: "v2", at: new Date().toISOString() })),
+  );
+  const rotatedAck = performance.now();
+  while (noticed.size < NODES && performance.now() - rotatedAck < 30_000) await new Promise((r) => setTimeout(r, 5));
+  if (noticed.size < NODES) throw new Error(`only ${noticed.size} nodes noticed`);
+  const toLastNotice = lastNotice - rotatedAck;
+  await fill(
+    applied,
+    (function* () {
+      for (let n = 0; n < NODES; n++) yield [`n${n}.m2`, JSON.stringify({ revisions: { rot: "v2" } })] as [string, string];
+    })(),
+  );
+  const lastApplied = performance.now();
+  while (releasedAt === 0 && performance.now() - lastApplied < 30_000) await new Promise((r) => setTimeout(r, 5));
+  if (releasedAt === 0) throw new Error("the rotation was not released");
+  const toRelease = releasedAt - lastApplied;
+  refresh.unsubscribe();
+  release.unsubscribe();
+
   // 7. A steady registry compile: nothing changed, the registry read and compared.
   const seat = await connect({
     servers: server.url,
@@ -456,6 +503,7 @@ async function main() {
       storeLoopEventsPerSecond: storeRate,
     },
     rssBytes: rss,
+    rotation: { holders, heldBy: NODES, toLastNoticeMs: toLastNotice, toReleaseMs: toRelease },
     state: {
       modules: NODES * MODULES,
       firstRequestMs: firstStateMs,
@@ -499,6 +547,14 @@ async function main() {
       median(statePagedRuns) / watched <= 1.5,
     ],
     ["RSS with the state / without", rssWithState / rssWithoutState, "≤ 1.2", rssWithState / rssWithoutState <= 1.2],
+    [
+      "holders of one provision p50 / echo p50",
+      holders["holders of one provision"]!.p50 / holders.echo!.p50,
+      "≤ 3",
+      holders["holders of one provision"]!.p50 / holders.echo!.p50 <= 3,
+    ],
+    ["rotation of 1,000 holders: acknowledged → last notice (s)", toLastNotice / 1000, "≤ 2", toLastNotice <= 2000],
+    ["rotation of 1,000 holders: last applied record → release (s)", toRelease / 1000, "≤ 2", toRelease <= 2000],
     ["start-to-ready / one read of all viewed buckets", readyMs / readAllMs, "≤ 1.5", readyMs / readAllMs <= 1.5],
   ] as const;
 
@@ -522,6 +578,11 @@ async function main() {
       `${ms(firstStateMs)} · ${ms(states["state of one node"]!.p50)} · ${ms(states.status!.p50)} · ${ms(states.echo!.p50)}`,
     ],
     [`every module's state: pages (${statePages}) · one unfiltered watch of needs`, `${ms(median(statePagedRuns))} · ${ms(watched)}`],
+    [
+      "holders of one provision (10 of 100,000 needs) p50 · echo p50",
+      `${ms(holders["holders of one provision"]!.p50)} · ${ms(holders.echo!.p50)}`,
+    ],
+    ["rotation held by 1,000 modules on 1,000 nodes: to the last notice · to the release", `${ms(toLastNotice)} · ${ms(toRelease)}`],
     [
       "RSS without · with the state (10,000 assigned modules)",
       `${(rssWithoutState / 1e6).toFixed(0)} MB · ${(rssWithState / 1e6).toFixed(0)} MB`,
