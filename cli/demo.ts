@@ -1,10 +1,12 @@
 import type { KV } from "nats";
 import type { Config } from "../runtime/index.ts";
 import { openSession } from "../runtime/index.ts";
-import { assignmentsOf, DEMO_FAILING, NODES, recordsOf } from "../demo/mesh.ts";
+import { assignmentsOf, DEMO_FAILING, DEMO_ROTATION, NODES, recordsOf } from "../demo/mesh.ts";
+import { HOLDERS } from "../functions/_lib/provisioning.ts";
+import { askAll } from "./ask.ts";
 import { askStatus } from "./status.ts";
 
-export { DEMO_FAILING };
+export { DEMO_FAILING, DEMO_ROTATION };
 
 /**
  * Writes the demo mesh as the controller and its node clients would: the controller's user
@@ -69,5 +71,50 @@ export async function publishDemoEvent(config: Config, kind: "failing" | "recove
     }
   } finally {
     await session.close();
+  }
+}
+
+/**
+ * Publishes the demo's rotation (docs/rotation.md §8.2) as keycloak's user, through JetStream,
+ * then waits (up to 10 s) until its holder is stale.
+ */
+export async function publishDemoRotation(config: Config): Promise<void> {
+  const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
+  const session = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
+  try {
+    const event = { provision, revision, machine, consumer, at: new Date().toISOString() };
+    await session.nc.jetstream().publish(`${provider}.provisioner.rotated`, JSON.stringify(event));
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const { entries } = await askAll(session.nc, { what: HOLDERS, provision, node: machine });
+      if ((entries as unknown as { module: string; stale: boolean }[]).some((h) => h.module === consumer && h.stale)) return;
+      if (Date.now() > deadline) throw new Error(`the rotation of ${provision} was published but its holder is not stale after 10 s`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await session.close();
+  }
+}
+
+/**
+ * Catches the demo's holder up (docs/rotation.md §8.3): dogwood's client writes grafana's applied
+ * record with the new revision, and keycloak waits (up to 10 s) for the release it is then sent.
+ * Returns the release.
+ */
+export async function catchUpDemo(config: Config): Promise<unknown> {
+  const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
+  const listener = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
+  const node = await openSession(config, { embedded: "join", user: machine, name: `${machine} provisioner client` });
+  try {
+    const released = listener.nc.subscribe(`mesh-provisioner.released.${provider}`, { max: 1, timeout: 10_000 });
+    await listener.nc.flush();
+    const record = recordsOf(machine).find((r) => r.bucket === "applied" && r.key === `${machine}.${consumer}`)!;
+    const applied = await node.nc.jetstream().views.kv(config.buckets.applied!.bucket, { bindOnly: true, allow_direct: true });
+    await applied.put(record.key, JSON.stringify({ ...(record.value as object), revisions: { [provision]: revision } }));
+    for await (const m of released) return m.json();
+    throw new Error(`no release of ${provision} within 10 s`);
+  } finally {
+    await node.close();
+    await listener.close();
   }
 }

@@ -22,7 +22,7 @@ import {
 import { DEFAULT_WHAT, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
-import { DEMO_FAILING, publishDemoEvent, writeDemo } from "./demo.ts";
+import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
 import { formatHolders, formatRotations } from "./rotation.ts";
 import { askStates, formatStates } from "./state.ts";
 import { askStatus, formatStatus } from "./status.ts";
@@ -279,7 +279,11 @@ program
   .command("demo")
   .description("write the demo mesh as its node clients would, have its identity provider fail a consumer, then ask about it")
   .option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`)
-  .action(async (options: { recover?: boolean }) => {
+  .option(
+    "--catch-up",
+    `only catch ${DEMO_ROTATION.consumer} on ${DEMO_ROTATION.machine} up with the rotated credential, then print the release`,
+  )
+  .action(async (options: { recover?: boolean; catchUp?: boolean }) => {
     const cfg = await config();
     if (cfg.nats.servers.length > 0) {
       throw new Error(
@@ -297,6 +301,18 @@ program
         await publishDemoEvent(cfg, "recovered");
         console.log(`${provider}: published ${provider}.provisioner.recovered for ${consumer} on ${machine}`);
         await showStatus();
+        return;
+      }
+      if (options.catchUp) {
+        const released = await catchUpDemo(cfg);
+        console.log(
+          `${DEMO_ROTATION.machine}: wrote ${DEMO_ROTATION.consumer}'s applied record with ${DEMO_ROTATION.provision} at ${DEMO_ROTATION.revision}`,
+        );
+        console.log(`${DEMO_ROTATION.provider}: received mesh-provisioner.released.${DEMO_ROTATION.provider} ${JSON.stringify(released)}`);
+        console.log("\n$ rotations");
+        console.log(
+          formatRotations((await askAll(session.nc, { what: ROTATIONS })) as unknown as Parameters<typeof formatRotations>[0], new Date()),
+        );
         return;
       }
       const written = await writeDemo(cfg);
@@ -318,8 +334,18 @@ program
         console.log(`\n$ ask ${JSON.stringify(request)}`);
         console.log(formatAnswer((await askAll(session.nc, request)) as Parameters<typeof formatAnswer>[0]));
       }
+      await publishDemoRotation(cfg);
+      const { provider: rotator, provision, revision, machine: at, consumer: holder } = DEMO_ROTATION;
+      console.log(`\n${rotator}: published ${rotator}.provisioner.rotated: ${provision} at ${revision} for ${holder} on ${at}`);
+      console.log(`\n$ holders ${provision}`);
+      console.log(
+        formatHolders(
+          (await askAll(session.nc, { what: HOLDERS, provision })) as unknown as Parameters<typeof formatHolders>[0],
+          new Date(),
+        ),
+      );
       await showStatus();
-      console.log(`\n(mesh-provisioner demo --recover publishes ${provider}'s recovery)`);
+      console.log(`\n(mesh-provisioner demo --recover publishes ${provider}'s recovery; --catch-up catches ${holder} on ${at} up)`);
     } finally {
       await session.close();
     }

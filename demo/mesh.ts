@@ -296,3 +296,15 @@ export const DEMO_FAILING = {
   consumer: "grafana",
   word: "invalid_client: grafana's client secret was rotated on keycloak, not on dogwood",
 } as const;
+
+/**
+ * The demo's rotation (docs/rotation.md §8): keycloak rotates grafana's client secret, the
+ * credential of that one holder, as it would publish on `keycloak.provisioner.rotated`.
+ */
+export const DEMO_ROTATION = {
+  provider: "keycloak",
+  provision: "keycloak",
+  revision: "grafana-client-2",
+  machine: "dogwood",
+  consumer: "grafana",
+} as const;

@@ -127,6 +127,13 @@ describe("the embedded default, end to end", () => {
     expect(new Set(states.flatMap((m) => m.conditions.map((c) => c.type)))).toEqual(
       new Set(["Unanswerable", "ProviderNotAssigned", "ProviderNotReady", "ProviderFailing", "OutOfShape"]),
     );
+    // The demo's rotation: grafana on dogwood is its one holder, stale until it catches up; then keycloak is told.
+    expect(demo.stdout).toMatch(/\ndogwood +grafana +bound\.keycloak\/issuer +- +\S+ ago +stale\n/);
+    const caught = await cli(config, ["demo", "--catch-up"]);
+    expect(caught.stdout).toContain(
+      'keycloak: received mesh-provisioner.released.keycloak {"provision":"keycloak","revision":"grafana-client-2"',
+    );
+    expect(caught.stdout).toMatch(/\nkeycloak +keycloak +grafana on dogwood +grafana-client-2 +\S+ ago +1 of 1 +\S+ ago\n/);
     const recovered = await cli(config, ["demo", "--recover"]);
     expect(recovered.stdout).toContain("NOT WELL: 5 modules not well");
     const well = await cli(config, ["status", "--provider", "keycloak"]);

@@ -205,18 +205,19 @@ const earliest = (dates: readonly Date[]) => new Date(Math.min(...dates.map((d) 
  * in `outOfShape`; those that can, and bad fields of values, are the module's `OutOfShape`.
  */
 export async function modelOf(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
-  const [assignments, needs, applied, registry, failing, { rotations }, byProvision] = await Promise.all([
+  const [assignments, needs, applied, registry, failing, { rotations }] = await Promise.all([
     inputs.assignments.reads.records(">"),
     inputs.needs.reads.list(">"),
     inputs.applied.reads.list(">"),
     inputs.registry.reads.list(">"),
     inputs.failing.reads.list(">"),
     rotationsIn(inputs.rotations.reads),
-    holdersIndex(inputs.needs),
   ]);
   // Stale holders by module, from the rotations kept (docs/rotation.md §8.3).
   const staleByModule = new Map<string, (StaleHolder & { staleAt: number })[]>();
   if (rotations.length > 0) {
+    // The holders' index is made only once a rotation is kept.
+    const byProvision = await holdersIndex(inputs.needs);
     const appliedByKey = new Map(applied.map((e) => [e.key, e] as const));
     for (const list of rotationStates(rotations, byProvision, heldIn(appliedByKey)).stale.values()) {
       for (const h of list) {
