@@ -6,7 +6,7 @@
 import { z } from "zod";
 import { RevisionConflict } from "./errors.ts";
 import { keyedSerial } from "./serial.ts";
-import type { RefusedEvents, Run, RuntimeRecords, WriteBucket } from "./types.ts";
+import type { ReadBucket, RefusedEvents, Run, RuntimeRecords, WriteBucket } from "./types.ts";
 
 /** The runtime's side of its records: what it writes, besides what functions read. */
 export interface Recorder extends Omit<RuntimeRecords, "store"> {
@@ -52,9 +52,11 @@ function read<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
  * A record that cannot be read counts as none (and is overwritten by the next one), so a damaged
  * record never stops a function that reads the records. Claims go to `claims`
  * (`<seat>_claims`). With `refusers` (the functions that take events), refusals are read
- * with one get of each function's key rather than a listing of the bucket.
+ * with one get of each function's key rather than a listing of the bucket. What functions read
+ * (`lastRun`, `refusedEvents`) is read from `held` (a live view of the bucket, as fresh as the
+ * server), the counts' own compare-and-set from the bucket.
  */
-export function recorder(bucket: WriteBucket, claims: WriteBucket, refusers?: readonly string[]): Recorder {
+export function recorder(bucket: WriteBucket, claims: WriteBucket, refusers?: readonly string[], held: ReadBucket = bucket): Recorder {
   // One count at a time per function: racing compare-and-set writes on a replicated stream may
   // all succeed on nats-server before 2.9.21 (nats-server#4320).
   const oneAtATime = keyedSerial();
@@ -91,7 +93,7 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket, refusers?: re
     },
     refused: (fn, last, sequence) => oneAtATime(`refused.${fn}`, () => countRefused(fn, last, sequence)),
     async lastRun(name) {
-      const kept = await bucket.get(`ran.${name}`);
+      const kept = await held.get(`ran.${name}`);
       const run = kept === null ? undefined : read(runRecord, kept.value);
       return run === undefined ? null : { at: new Date(run.at), trigger: run.trigger };
     },
@@ -101,8 +103,8 @@ export function recorder(bucket: WriteBucket, claims: WriteBucket, refusers?: re
       // The set's own functions that take events: one get each; without them, every record.
       const entries =
         refusers === undefined
-          ? await bucket.list("refused.*")
-          : (await Promise.all(refusers.map((fn) => bucket.get(`refused.${fn}`)))).filter((e) => e !== null);
+          ? await held.list("refused.*")
+          : (await Promise.all(refusers.map((fn) => held.get(`refused.${fn}`)))).filter((e) => e !== null);
       for (const entry of entries) {
         const { recent: _, ...refused } = read(refusedRecord, entry.value) ?? { count: 0 };
         byFunction[entry.key.slice("refused.".length)] = refused;

@@ -71,6 +71,14 @@ export async function openStorage(
     for (const view of views.values()) view.stop();
     throw err;
   }
+  // The runtime's records as the functions read them (`ctx.runtime`): from a live view, one
+  // freshness check for all of them rather than a get each; its own writes read the server.
+  const recordsRead = readBucket(kvs.get(RECORDS)!, recordsBucket(config.seat), nc);
+  const recordsView = await openView(nc, kvs.get(RECORDS)!, recordsBucket(config.seat), recordsRead, log).catch((err: unknown) => {
+    for (const view of views.values()) view.stop();
+    throw err;
+  });
+  await recordsView.loaded;
   return {
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
@@ -79,11 +87,13 @@ export async function openStorage(
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
       refusers,
+      recordsView,
     ),
     reassert: async () => void (await assertBuckets(nc, config, log)),
     notReady: () => [...views.values()].flatMap((view) => view.trouble() ?? []),
     close: () => {
       for (const view of views.values()) view.stop();
+      recordsView.stop();
     },
   };
 }

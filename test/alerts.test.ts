@@ -3,7 +3,7 @@ import { http, HttpResponse } from "msw";
 import { setupServer } from "msw/node";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { alertsOf, postAlerts, type PostableAlert } from "../functions/_lib/alerts.ts";
+import { alertsOf, postAlerts, raisedAlerts, staleAlerts, type PostableAlert } from "../functions/_lib/alerts.ts";
 import { STATUS } from "../functions/_lib/status.ts";
 import { invoke, loadFunction, type KeyRecord, type LoadedFunction, type Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
@@ -200,5 +200,41 @@ describe("alertsOf", () => {
       ["ahead", "2026-11-29T14:00:00.000Z", undefined],
       ["done", "2026-11-29T13:00:00.000Z", "2026-11-29T14:00:00.000Z"],
     ]);
+  });
+});
+
+describe("ProvisioningStale", () => {
+  const held = {
+    provider: "keycloak",
+    provision: "keycloak",
+    node: "dogwood",
+    module: "grafana",
+    key: "dogwood.grafana.bound.keycloak/issuer",
+    revision: "r2",
+    heldRevision: "r1",
+    rotatedAt: "2026-12-01T10:00:00.000Z",
+    appliedAt: "2026-11-30T10:00:00.000Z",
+  };
+  const now = new Date("2026-12-01T10:10:00.000Z");
+
+  it("fires for a holder stale past its grace, and is resolved once, when it no longer is", () => {
+    const first = raisedAlerts(staleAlerts([held], now), new Map(), now);
+    expect(first.alerts).toEqual([
+      {
+        labels: {
+          alertname: "ProvisioningStale",
+          provider: "keycloak",
+          provision: "keycloak",
+          node: "dogwood",
+          module: "grafana",
+          revision: "r2",
+        },
+        annotations: { summary: "grafana on dogwood holds r1 of keycloak, rotated to r2 by keycloak" },
+        startsAt: "2026-12-01T10:00:00.000Z",
+      },
+    ]);
+    const caughtUp = raisedAlerts(staleAlerts([], now), first.raised, now);
+    expect(caughtUp.alerts).toEqual([{ ...first.alerts[0], endsAt: now.toISOString() }]);
+    expect(raisedAlerts(staleAlerts([], now), caughtUp.raised, now).alerts).toEqual([]);
   });
 });

@@ -119,6 +119,7 @@ describe("holders and a rotation", () => {
       revision: "c3",
       heldRevision: "r2",
     });
+    expect(await (await fetch(`${set.httpUrl}/metrics`)).text()).toMatch(/\nstale_holders 1\n/);
     const grafana = (await ask({ what: "state", node: "alder", module: "grafana" })).entries[0] as ModuleState;
     expect(grafana.conditions.map((c) => c.type)).toEqual(["Stale"]);
     expect(grafana.conditions[0]!.message).toBe("keycloak rotated keycloak to c3; it holds r2 (need bound.keycloak/client-secret)");
