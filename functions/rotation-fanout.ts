@@ -15,8 +15,8 @@ import {
 /**
  * docs/rotation.md §8.5, docs/rotation.md §8.6: every second (claimed, so one replica a second), each kept rotation's
  * nodes with a stale holder are noticed at once and again every `renoticeEverySeconds` for
- * `renoticeMinutes`, and once no holder is stale the provider is told, once. What was noticed and
- * released is written in the rotation's record (compare-and-set) before it is published.
+ * `renoticeMinutes`, and once no holder holds the rotation back the provider is told, once. What
+ * was noticed and released is written in the rotation's record (compare-and-set) once published.
  */
 export default defineFunction({
   description: "Notices nodes holding a rotated provision (mesh-provisioner.refresh.<node>) and tells the provider when none is stale.",
@@ -44,26 +44,58 @@ export default defineFunction({
     for (const [i, r] of kept.entries()) {
       if (r.releasedAt !== null) continue;
       const held = stale.get(r.key)!;
-      if (held.length === 0) {
-        if (!(await record(r, { releasedAt: now.toISOString() }))) continue;
+      if (states[i]!.stale === 0) {
+        // Published, then written: a replica stopped in between leaves it to the next run, so the
+        // provider hears it at least once; the claim of each second keeps it to one replica.
         const { provision, revision, at } = r;
-        ctx.publish(releasedSubject(r.provider), JSON.stringify({ provision, revision, at, holders: states[i]!.holders }));
-        released++;
+        if (!send(releasedSubject(r.provider), { provision, revision, at, holders: states[i]!.holders })) continue;
+        if (await record(r, { releasedAt: now.toISOString() })) released++;
         continue;
       }
+      if (held.length === 0) continue;
       const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
       const within = now.getTime() - Date.parse(r.arrivedAt) <= renoticeMinutes * 60_000;
       if (r.noticedAt !== null && (!within || since < renoticeEverySeconds * 1000)) continue;
-      if (!(await record(r, { noticedAt: now.toISOString(), notices: r.notices + 1 }))) continue;
-      const byNode = new Map<string, string[]>();
-      for (const h of held) byNode.set(h.node, [...new Set([...(byNode.get(h.node) ?? []), h.module])]);
+      const byNode = new Map<string, Set<string>>();
+      for (const h of held) byNode.set(h.node, (byNode.get(h.node) ?? new Set()).add(h.module));
+      const { provider, provision, revision, at } = r;
+      let sent = 0;
       for (const [node, modules] of byNode) {
-        const { provider, provision, revision, at } = r;
-        ctx.publish(refreshSubject(node), JSON.stringify({ provider, provision, revision, at, modules }));
-        noticed++;
+        // A node holding more modules than one message carries gets several.
+        for (const part of chunks([...modules], (m) => JSON.stringify({ provider, provision, revision, at, modules: m }))) {
+          if (send(refreshSubject(node), part)) sent++;
+        }
       }
+      if (sent > 0 && (await record(r, { noticedAt: now.toISOString(), notices: r.notices + 1 }))) noticed += sent;
     }
     return { noticed, released };
+
+    /** Publishes one notice or release; a publish that fails is logged and tried again at the next run. */
+    function send(subject: string, body: unknown): boolean {
+      try {
+        ctx.publish(subject, typeof body === "string" ? body : JSON.stringify(body));
+        return true;
+      } catch (err) {
+        ctx.log.warn({ subject, err: (err as Error).message }, "not published; tried again at the next run");
+        return false;
+      }
+    }
+
+    /** The texts of `items` cut into parts each within the connection's max_payload (less a headroom). */
+    function chunks(items: string[], text: (part: string[]) => string): string[] {
+      const budget = ctx.limits.maxPayload - 1024;
+      const parts: string[] = [];
+      let part: string[] = [];
+      for (const item of items) {
+        if (part.length > 0 && Buffer.byteLength(text([...part, item])) > budget) {
+          parts.push(text(part));
+          part = [];
+        }
+        part.push(item);
+      }
+      if (part.length > 0) parts.push(text(part));
+      return parts;
+    }
 
     /** Writes what was done in the rotation's record, unless it changed since it was read (then it is decided again next time). */
     async function record(r: Rotation, change: Partial<RotationValue>): Promise<boolean> {

@@ -79,9 +79,13 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.CREATE.${kvStream(b)}`,
         ]),
         ...[...read.map(bucketOf), runtime, claims].flatMap((b) => readsBucket(b)),
-        // A live view asks for the first message after the last it applied (any subject), with
-        // the stream API's get where the stream does not allow direct gets.
-        ...viewed.flatMap((b) => [`$JS.API.DIRECT.GET.${kvStream(bucketOf(b))}`, `$JS.API.STREAM.MSG.GET.${kvStream(bucketOf(b))}`]),
+        // A live view (of a viewed bucket, and of the runtime's records) asks for the first message
+        // after the last it applied (any subject), with the stream API's get where the stream
+        // does not allow direct gets.
+        ...[...viewed.map(bucketOf), runtime].flatMap((b) => [
+          `$JS.API.DIRECT.GET.${kvStream(b)}`,
+          `$JS.API.STREAM.MSG.GET.${kvStream(b)}`,
+        ]),
         ...[...written.map(bucketOf), runtime, claims].map((b) => `$KV.${b}.>`),
         ...kinds.flatMap((k) => k.publish),
         ...functions.flatMap((fn) => fn.definition.access?.publishes ?? []),

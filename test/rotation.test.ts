@@ -147,8 +147,34 @@ describe("holders and a rotation", () => {
     await keycloak.jetstream().publish("keycloak.provisioner.rotated", "not json");
     await rotate({ provision: "a.b", revision: "x" });
     await rotate({ provision: "p", revision: "x", machine: "alder" });
-    await until(async () => (await count()) === before + 3, 5000, "three refused");
+    await rotate({ provision: "keycloak/client-secret", revision: "x" });
+    await until(async () => (await count()) === before + 4, 5000, "four refused");
   });
+});
+
+describe("rotations that overlap", () => {
+  it("release none while a holder holds neither its revision nor a newer one's", async () => {
+    await needs.alder!.put("alder.grafana.bound.ov/secret", "{}");
+    await needs.birch!.put("birch.gitea.bound.ov/secret", "{}");
+    await rotate({ provision: "ov", revision: "w1" });
+    await new Promise((r) => setTimeout(r, 50));
+    // A newer rotation of alder's credential alone.
+    await rotate({ provision: "ov", revision: "c2", machine: "alder", consumer: "grafana" });
+    await until(async () => (await rotation("keycloak.ov.alder.grafana")) !== undefined, 5000, "kept");
+    await applied.birch!.put("birch.gitea", JSON.stringify({ revisions: { ov: "w1" } }));
+    await new Promise((r) => setTimeout(r, 2500));
+    // alder still holds the old secret: w1 is not released.
+    expect(releases().filter((r) => r.provision === "ov")).toEqual([]);
+    expect(await rotation("keycloak.ov")).toMatchObject({ holders: 2, caughtUp: 1, stale: 1, releasedAt: null });
+    await applied.alder!.put("alder.grafana", JSON.stringify({ revisions: { ov: "c2", keycloak: "c3" } }));
+    await until(() => releases().filter((r) => r.provision === "ov").length === 2, 5000, "both released");
+    expect(
+      releases()
+        .filter((r) => r.provision === "ov")
+        .map((r) => r.revision)
+        .sort(),
+    ).toEqual(["c2", "w1"]);
+  }, 20_000);
 });
 
 describe("the notice and release subjects", () => {

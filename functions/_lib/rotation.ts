@@ -46,7 +46,7 @@ export const MAX_REVISION = 256;
  */
 export const rotatedEvent = z
   .object({
-    provision: token,
+    provision: token.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /"),
     revision: z.string().min(1, "must name the new revision").max(MAX_REVISION),
     at: rfc3339,
     machine: token.optional(),
@@ -248,26 +248,70 @@ export interface StaleHolder {
 }
 
 /**
- * Each rotation's holders (those it reaches), how many are caught up and stale for it (a holder
- * counts for the newest rotation that reaches it only), and the stale holders themselves.
+ * Each rotation's holders (those it reaches), how many are caught up and stale for it, and its
+ * stale holders (docs/rotation.md §8.3). A holder is in a rotation's stale list (noticed, in
+ * status) only for the newest rotation that reaches it; it holds back a rotation's release while
+ * it holds neither that rotation's revision nor that of a newer one reaching it, so no provider
+ * is told to revoke what a holder still uses. Indexed by provision and holder, so per-holder
+ * rotations of one provision cost what they reach.
  */
 export function rotationStates(
   rotations: readonly Rotation[],
   byProvision: ReadonlyMap<string, readonly Holder[]>,
   heldBy: (holder: Holder, provision: string) => Held,
 ): { states: RotationState[]; stale: Map<string, StaleHolder[]> } {
-  const byProvisionOfRotations = new Map<string, Rotation[]>();
-  for (const r of rotations) byProvisionOfRotations.set(r.provision, [...(byProvisionOfRotations.get(r.provision) ?? []), r]);
+  // Rotations by provision: those reaching every holder, and those of one holder by `node.module`.
+  const wide = new Map<string, Rotation[]>();
+  const narrow = new Map<string, Map<string, Rotation[]>>();
+  for (const r of rotations) {
+    if (r.machine === undefined) {
+      let list = wide.get(r.provision);
+      if (list === undefined) wide.set(r.provision, (list = []));
+      list.push(r);
+    } else {
+      let byHolder = narrow.get(r.provision);
+      if (byHolder === undefined) narrow.set(r.provision, (byHolder = new Map()));
+      const at = `${r.machine}.${r.consumer}`;
+      let list = byHolder.get(at);
+      if (list === undefined) byHolder.set(at, (list = []));
+      list.push(r);
+    }
+  }
+  // Holders by provision and `node.module`.
+  const holdersAt = new Map<string, Map<string, Holder[]>>();
+  const holdersOf = (provision: string) => {
+    let found = holdersAt.get(provision);
+    if (found === undefined) {
+      found = new Map();
+      for (const h of byProvision.get(provision) ?? []) {
+        const at = `${h.node}.${h.module}`;
+        let list = found.get(at);
+        if (list === undefined) found.set(at, (list = []));
+        list.push(h);
+      }
+      holdersAt.set(provision, found);
+    }
+    return found;
+  };
+  const reaching = (h: Holder, provision: string) => [
+    ...(wide.get(provision) ?? []),
+    ...(narrow.get(provision)?.get(`${h.node}.${h.module}`) ?? []),
+  ];
+
   const stale = new Map<string, StaleHolder[]>();
   const states = rotations.map((r) => {
-    const holders = (byProvision.get(r.provision) ?? []).filter((h) => reaches(r, h));
-    let staleCount = 0;
+    const holders =
+      r.machine === undefined ? (byProvision.get(r.provision) ?? []) : (holdersOf(r.provision).get(`${r.machine}.${r.consumer}`) ?? []);
+    let holding = 0;
     const list: StaleHolder[] = [];
     for (const h of holders) {
-      if (newestFor(byProvisionOfRotations.get(r.provision)!, h) !== r) continue;
       const held = heldBy(h, r.provision);
       if (!isStale(r, held)) continue;
-      staleCount++;
+      const others = reaching(h, r.provision);
+      // Moved on to a newer rotation's revision: past this one.
+      if (others.some((n) => n !== r && compareTimes(n.at, r.at) > 0 && !isStale(n, held))) continue;
+      holding++;
+      if (newestFor(others, h) !== r) continue;
       list.push({
         provider: r.provider,
         provision: r.provision,
@@ -290,8 +334,8 @@ export function rotationStates(
       at: r.at,
       arrivedAt: r.arrivedAt,
       holders: holders.length,
-      caughtUp: holders.length - staleCount,
-      stale: staleCount,
+      caughtUp: holders.length - holding,
+      stale: holding,
       releasedAt: r.releasedAt,
     };
   });

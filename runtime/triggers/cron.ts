@@ -67,10 +67,13 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
    * awaited), then schedules every trigger. A scheduled time is run only by the replica that
    * claims it, by that time ({@link dueAt}); a claim that cannot be made skips the run; a run
    * still going when the next is due skips that one. Not ready while a function's run at start failed, until it runs again.
+   * Stopping waits, within the grace, for the runs in hand.
    */
   async bind(targets, env) {
     const failedAtStart = new Set<string>();
     let jobs: Cron[] = [];
+    // Runs in hand, which stop waits for (within the grace).
+    const running = new Set<Promise<unknown>>();
     return {
       async afterBind() {
         for (const { fn, trigger } of targets) {
@@ -90,14 +93,21 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
               return false;
             });
             if (!claimed) return;
-            const outcome = await env.run(fn, { value: {} }, { kind: "cron", cron: trigger.cron, scheduledAt });
+            const run = env.run(fn, { value: {} }, { kind: "cron", cron: trigger.cron, scheduledAt });
+            running.add(run);
+            const outcome = await run.finally(() => running.delete(run));
             // A function that failed at start and has now run is no longer a reason to be not ready.
             if (outcome.ok) failedAtStart.delete(fn.name);
           });
         });
       },
       notReady: () => [...failedAtStart].map((name) => `${name}: its run at start failed`),
-      stop: async () => jobs.forEach((job) => job.stop()),
+      stop: async () => {
+        for (const job of jobs) job.stop();
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([Promise.allSettled(running), new Promise((r) => (timer = setTimeout(r, env.graceMs)))]);
+        clearTimeout(timer);
+      },
     };
   },
 };
