@@ -29,6 +29,10 @@ export default defineFunction({
   },
   handler: async (_input, ctx) => {
     const { renoticeMinutes, renoticeEverySeconds } = ctx.config.rotation;
+    // Nothing to do while every kept rotation is released, as the view holds them: no request to the server.
+    if ((await rotationsIn(ctx.views.rotations.localSnapshot().reads)).rotations.every((r) => r.releasedAt !== null)) {
+      return { noticed: 0, released: 0 };
+    }
     const [rotations, needs, applied] = await Promise.all([
       ctx.views.rotations.snapshot(),
       ctx.views.needs.snapshot(),
