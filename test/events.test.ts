@@ -7,7 +7,7 @@ import { loadFunctions, start, type Config } from "../runtime/index.ts";
 import { startTestBus } from "../runtime/testing.ts";
 import { backoff } from "../runtime/triggers/event.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, ROOT, until } from "./helpers.ts";
+import { projectConfig, ROOT, until, withoutFunctionFields } from "./helpers.ts";
 
 const RUNTIME = join(ROOT, "runtime", "index.ts");
 const TMP = join(ROOT, ".tmp");
@@ -59,12 +59,7 @@ export default defineFunction({
 `,
   );
   // The bus grants the seat what both probe function sets need, derived from them.
-  const {
-    registry: _,
-    provisioning: __,
-    rotation: ___,
-    ...config
-  } = (await projectConfig()) as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
+  const config = withoutFunctionFields(await projectConfig());
   const probe = { ...config, functions: dir, streams: PROBE_STREAMS, providers: { publish: ["probe.ev.*", "probe.plain"], receive: [] } };
   const both = [...(await loadFunctions(probe)), ...(await loadFunctions({ ...probe, functions: otherDir }))];
   bus = await startTestBus(probe, { functions: both, providers: ["prober"] });
@@ -81,12 +76,7 @@ const PROBE_STREAMS = { probe: { stream: "probe_events", maxAgeSeconds: 3600, ma
 
 /** The test bus's config with only the probe function and its stream. */
 function probeConfig(): Config {
-  const {
-    registry: _,
-    provisioning: __,
-    rotation: ___,
-    ...config
-  } = bus.config as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
+  const config = withoutFunctionFields(bus.config);
   return { ...config, functions: dir, streams: PROBE_STREAMS };
 }
 

@@ -13,6 +13,16 @@ export async function testBus(options?: TestBusOptions): Promise<TestBus> {
   return startTestBus(await projectConfig(), options);
 }
 
+/** The fields of the project's config only its functions read: left out for a test's own function files. */
+const FUNCTION_FIELDS = ["registry", "provisioning", "rotation", "alerts"] as const;
+
+/** `config` without the fields only the project's functions read, for a set of a test's own function files. */
+export function withoutFunctionFields(config: Config): Config {
+  const kept: Record<string, unknown> = { ...config };
+  for (const field of FUNCTION_FIELDS) delete kept[field];
+  return kept as Config;
+}
+
 /** The project's function set, started on a test bus. */
 export function startSet(bus: TestBus, overrides: Partial<Config> = {}): Promise<Running> {
   return start({ config: { ...bus.config, ...overrides } });

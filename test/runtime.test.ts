@@ -18,7 +18,7 @@ import {
 import { createLogger } from "../runtime/log.ts";
 import { spawnNatsServer } from "../runtime/nats-server.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, request, ROOT, testBus, until } from "./helpers.ts";
+import { projectConfig, request, ROOT, testBus, until, withoutFunctionFields } from "./helpers.ts";
 
 const RUNTIME = join(ROOT, "runtime", "index.ts");
 const TMP = join(ROOT, ".tmp");
@@ -59,12 +59,7 @@ export default defineFunction({
 
 /** The test bus's config with its functions folder at `dir`, and none of the project's fields. */
 function configFor(dir: string): Config {
-  const {
-    registry: _,
-    provisioning: __,
-    rotation: ___,
-    ...config
-  } = bus.config as Config & { registry?: unknown; provisioning?: unknown; rotation?: unknown };
+  const config = withoutFunctionFields(bus.config);
   return { ...config, functions: dir };
 }
 
