@@ -168,8 +168,9 @@ export async function readStatus(
 }
 
 /**
- * `status` cut to `budget` bytes of JSON: modules not well go first (counted in
- * `provisioning.omitted`), then out-of-shape keys, then failing triples from the end.
+ * `status` cut to `budget` bytes of JSON: stale holders go first (all but one), then modules not
+ * well (counted in `provisioning.omitted`), then out-of-shape keys, then failing triples from the
+ * end; all but the modules counted in `omitted`.
  */
 function fitted(status: Status, budget: number): Status {
   const itemBytes = (item: unknown) => Buffer.byteLength(JSON.stringify(item)) + 1;
