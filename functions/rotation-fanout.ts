@@ -57,20 +57,27 @@ export default defineFunction({
         continue;
       }
       if (held.length === 0) continue;
-      const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
-      const within = now.getTime() - Date.parse(r.arrivedAt) <= renoticeMinutes * 60_000;
-      if (r.noticedAt !== null && (!within || since < renoticeEverySeconds * 1000)) continue;
       const byNode = new Map<string, Set<string>>();
       for (const h of held) byNode.set(h.node, (byNode.get(h.node) ?? new Set()).add(h.module));
+      const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
+      const within = now.getTime() - Date.parse(r.arrivedAt) <= renoticeMinutes * 60_000;
+      const again = r.noticedAt === null || (within && since >= renoticeEverySeconds * 1000);
+      // A node with a stale holder never noticed of this rotation (a need written since) is noticed at once.
+      const told = new Set(r.noticedNodes);
+      const nodes = [...byNode.keys()].filter((node) => again || !told.has(node));
+      if (nodes.length === 0) continue;
       const { provider, provision, revision, at } = r;
       let sent = 0;
-      for (const [node, modules] of byNode) {
+      for (const node of nodes) {
         // A node holding more modules than one message carries gets several.
-        for (const part of chunks([...modules], (m) => JSON.stringify({ provider, provision, revision, at, modules: m }))) {
+        for (const part of chunks([...byNode.get(node)!], (m) => JSON.stringify({ provider, provision, revision, at, modules: m }))) {
           if (send(refreshSubject(node), part)) sent++;
         }
       }
-      if (sent > 0 && (await record(r, { noticedAt: now.toISOString(), notices: r.notices + 1 }))) noticed += sent;
+      if (sent === 0) continue;
+      const noticedNodes = [...new Set([...r.noticedNodes, ...nodes])].sort();
+      const change = again ? { noticedAt: now.toISOString(), notices: r.notices + 1, noticedNodes } : { noticedNodes };
+      if (await record(r, change)) noticed += sent;
     }
     return { noticed, released };
 

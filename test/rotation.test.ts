@@ -199,8 +199,8 @@ describe("the notice and release subjects", () => {
 });
 
 describe("two replicas of the set", () => {
-  it("publish each notice and each release once", async () => {
-    const two = await testBus({ nodes: ["alder"] });
+  it("publish each notice and each release once, a holder appearing later noticed at once", async () => {
+    const two = await testBus({ nodes: ["alder", "birch"] });
     const quiet = { rotation: { graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 600 } } as Partial<Config>;
     const first = await startSet(two, quiet);
     const second = await start({ config: { ...two.config, ...quiet } });
@@ -216,10 +216,16 @@ describe("two replicas of the set", () => {
         JSON.stringify({ provision: "sso", revision: "v2", at: new Date().toISOString() }),
       );
       await until(() => got.notices.length >= 1, 5000, "noticed");
+      // A holder that appears after the notice is noticed at once, not at the next renotice (600 s here).
+      const birchNotices: unknown[] = [];
+      (await two.connect("birch")).subscribe("mesh-provisioner.refresh.birch", { callback: (_e, m) => birchNotices.push(m.json()) });
+      await (await two.kv("needs", "birch")).put("birch.gitea.bound.sso/secret", "{}");
+      await until(() => birchNotices.length === 1, 5000, "the new holder noticed");
+      await (await two.kv("applied", "birch")).put("birch.gitea", JSON.stringify({ revisions: { sso: "v2" } }));
       await (await two.kv("applied", "alder")).put("alder.grafana", JSON.stringify({ revisions: { sso: "v2" } }));
       await until(() => got.releases.length >= 1, 5000, "released");
       await new Promise((r) => setTimeout(r, 3000));
-      expect([got.notices.length, got.releases.length]).toEqual([1, 1]);
+      expect([got.notices.length, birchNotices.length, got.releases.length]).toEqual([1, 1, 1]);
     } finally {
       await second.stop();
       await first.stop();

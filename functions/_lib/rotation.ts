@@ -66,6 +66,8 @@ export const rotationValue = z.object({
   arrivedAt: z.iso.datetime(),
   noticedAt: z.iso.datetime().nullable().default(null),
   notices: z.number().int().min(0).default(0),
+  /** The nodes noticed of this rotation so far. */
+  noticedNodes: z.array(z.string()).default([]),
   releasedAt: z.iso.datetime().nullable().default(null),
 });
 export type RotationValue = z.output<typeof rotationValue>;
@@ -140,6 +142,7 @@ export async function keepRotation(bucket: WriteBucket, provider: string, event:
         arrivedAt: arrivedAt.toISOString(),
         noticedAt: null,
         notices: 0,
+        noticedNodes: [],
         releasedAt: null,
       };
       try {
