@@ -359,9 +359,9 @@ export function answerPage(
 
 /**
  * One page of the module states (docs/state.md §7.5) of `model` at `now`, narrowed by the
- * request's node, module and state, in key order, paged as {@link answerPage} pages: at most
- * `limit` entries and `maxPayload` bytes less a headroom. `outOfShape` holds the keys that name
- * no module (on the first page, when the request narrows by no node or module).
+ * request's node, module and state, in key order, paged as {@link answerItemsPage} pages.
+ * `outOfShape` holds the keys that name no module (on the first page, when the request narrows
+ * by no node or module).
  */
 export function answerStatePage(
   request: ProvisioningRequest,
@@ -372,83 +372,22 @@ export function answerStatePage(
   cursors: Cursors = cursorsOf(request),
   confirmedAt?: Date | null,
 ): JsonText {
-  const confirmed = confirmedAt === undefined ? {} : { confirmedAt: JSON.stringify(confirmedAt?.toISOString() ?? null) };
   const { node, module, state } = request;
   const from = Math.max(
     node === undefined ? 0 : firstAtOrAfter(model, `${node}.`),
     cursors.after === undefined ? 0 : firstAtOrAfter(model, `${cursors.after}\u0000`),
   );
-  const budget = maxPayload - HEADROOM;
-  // Keys that name no module, on the first page of a request narrowed by neither: at most half
-  // the page, the rest counted in a last item.
-  const misshapen: string[] = [];
-  let size = Buffer.byteLength(answerText({ ...emptyPage(STATE), ...confirmed }));
-  if (node === undefined && module === undefined && cursors.after === undefined) {
-    for (const [i, o] of model.outOfShape.entries()) {
-      const text = JSON.stringify(o);
-      if (size + Buffer.byteLength(text) + 1 > budget / 2) {
-        const rest = model.outOfShape.length - i;
-        misshapen.push(
-          JSON.stringify({ key: "…", reason: `${rest} more keys out of shape, not named: see what=needs, applied or the assignments` }),
-        );
-        size += 200;
-        break;
-      }
-      misshapen.push(text);
-      size += Buffer.byteLength(text) + 1;
+  function* items(): Generator<{ key: string; text: string }> {
+    for (let i = from; i < model.modules.length; i++) {
+      const kept = model.modules[i]!;
+      if (node !== undefined && kept.base.node !== node) return;
+      if (module !== undefined && kept.base.module !== module) continue;
+      const at = stateAt(kept, now, graceSeconds);
+      if (state === undefined || at.state === state) yield { key: kept.base.key, text: entryText(kept, at) };
     }
   }
-  const entries: string[] = [];
-  let lastKey: string | undefined;
-  let more = false;
-  for (let i = from; i < model.modules.length; i++) {
-    const kept = model.modules[i]!;
-    const m = kept.base;
-    if (node !== undefined && m.node !== node) break;
-    if (module !== undefined && m.module !== module) continue;
-    const at = stateAt(kept, now, graceSeconds);
-    if (state !== undefined && at.state !== state) continue;
-    if (entries.length === request.limit) {
-      more = true;
-      break;
-    }
-    const text = entryText(kept, at);
-    const itemSize = Buffer.byteLength(text) + 1;
-    if (size + itemSize + NEXT_BYTES + cursors.length(m.key) > budget) {
-      if (entries.length > 0) {
-        more = true;
-        break;
-      }
-      if (misshapen.length > 0) {
-        // The keys out of shape took the room: the next page starts at this module.
-        lastKey = i > 0 ? model.modules[i - 1]!.base.key : "";
-        more = true;
-        break;
-      }
-      // An entry larger than any reply is said, never a failed page.
-      const said = JSON.stringify({
-        key: m.key,
-        reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})`,
-      });
-      misshapen.push(said);
-      size += Buffer.byteLength(said) + 1;
-      lastKey = m.key;
-      more = i + 1 < model.modules.length;
-      break;
-    }
-    entries.push(text);
-    size += itemSize;
-    lastKey = m.key;
-  }
-  return new JsonText(
-    answerText({
-      what: JSON.stringify(STATE),
-      entries: `[${entries.join(",")}]`,
-      outOfShape: `[${misshapen.join(",")}]`,
-      ...(more && lastKey !== undefined ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
-      ...confirmed,
-    }),
-  );
+  const misshapen = node === undefined && module === undefined ? model.outOfShape : [];
+  return fillPage(STATE, request.limit, cursors, maxPayload, items(), misshapen, confirmedAt);
 }
 
 // A module's entry text while it is unchanged and not Late: the model keeps the same object.
@@ -464,8 +403,7 @@ export { countsAgainst };
 
 /**
  * One page of `items` (sorted by key, each its JSON text) for `what`: those after the request's
- * cursor, at most `limit` and `maxPayload` bytes less a headroom, `next` when some remain; an
- * item larger than any reply is said in `outOfShape` (docs/verb.md §4.4).
+ * cursor, paged as {@link fillPage} pages.
  */
 export function answerItemsPage(
   what: Asked,
@@ -475,21 +413,63 @@ export function answerItemsPage(
   cursors: Cursors = cursorsOf(request),
   outOfShape: readonly { key: string; reason: string }[] = [],
 ): JsonText {
+  const { after } = cursors;
+  return fillPage(
+    what,
+    request.limit,
+    cursors,
+    maxPayload,
+    after === undefined ? items : items.filter((item) => item.key > after),
+    outOfShape,
+  );
+}
+
+/**
+ * One page of `items` (in key order, each its JSON text, those after the cursor only): at most
+ * `limit` and `maxPayload` bytes less a headroom, `next` when some remain (docs/verb.md §4.4).
+ * On a request's first page `outOfShape` goes first, in at most half the page (the rest counted in
+ * a last item); a first item larger than any reply is said in `outOfShape`, never a failed page.
+ */
+function fillPage(
+  what: Asked,
+  limit: number,
+  cursors: Cursors,
+  maxPayload: number,
+  items: Iterable<{ key: string; text: string }>,
+  outOfShape: readonly { key: string; reason: string }[],
+  confirmedAt?: Date | null,
+): JsonText {
+  const confirmed = confirmedAt === undefined ? {} : { confirmedAt: JSON.stringify(confirmedAt?.toISOString() ?? null) };
   const budget = maxPayload - HEADROOM;
-  const misshapen = cursors.after === undefined ? outOfShape.map((o) => JSON.stringify(o)) : [];
-  let size = Buffer.byteLength(answerText(emptyPage(what))) + misshapen.reduce((n, o) => n + Buffer.byteLength(o) + 1, 0);
+  const misshapen: string[] = [];
+  let size = Buffer.byteLength(answerText({ ...emptyPage(what), ...confirmed }));
+  if (cursors.after === undefined) {
+    for (const [i, o] of outOfShape.entries()) {
+      const text = JSON.stringify(o);
+      if (size + Buffer.byteLength(text) + 1 > budget / 2) {
+        misshapen.push(JSON.stringify({ key: "…", reason: `${outOfShape.length - i} more keys out of shape, not named here` }));
+        size += 200;
+        break;
+      }
+      misshapen.push(text);
+      size += Buffer.byteLength(text) + 1;
+    }
+  }
   const entries: string[] = [];
-  let lastKey: string | undefined;
+  // The key the next page continues after: the last one on this page, else what came before it.
+  let lastKey = cursors.after ?? "";
   let more = false;
-  for (const item of items) {
-    if (cursors.after !== undefined && item.key <= cursors.after) continue;
-    if (entries.length === request.limit) {
+  const iterator = items[Symbol.iterator]();
+  for (let next = iterator.next(); !next.done; next = iterator.next()) {
+    const item = next.value;
+    if (entries.length === limit) {
       more = true;
       break;
     }
     const itemSize = Buffer.byteLength(item.text) + 1;
     if (size + itemSize + NEXT_BYTES + cursors.length(item.key) > budget) {
-      if (entries.length > 0) {
+      // Full, or the keys out of shape took the room: the next page starts at this item.
+      if (entries.length > 0 || misshapen.length > 0) {
         more = true;
         break;
       }
@@ -497,7 +477,7 @@ export function answerItemsPage(
         JSON.stringify({ key: item.key, reason: `its entry (${itemSize} bytes) does not fit in one reply (max_payload ${maxPayload})` }),
       );
       lastKey = item.key;
-      more = true;
+      more = !iterator.next().done;
       break;
     }
     entries.push(item.text);
@@ -509,7 +489,8 @@ export function answerItemsPage(
       what: JSON.stringify(what),
       entries: `[${entries.join(",")}]`,
       outOfShape: `[${misshapen.join(",")}]`,
-      ...(more && lastKey !== undefined ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
+      ...(more ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
+      ...confirmed,
     }),
   );
 }
