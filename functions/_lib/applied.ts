@@ -3,14 +3,11 @@
  * the fields this project reads, a field of the wrong type read as absent and said.
  */
 import type { Entry, ReadBucket } from "../../runtime/index.ts";
+import { cutText } from "./follower.ts";
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
 /** The longest `error` kept, in characters; a longer one is cut and marked with `…`. */
 export const MAX_ERROR = 1024;
-const cut = (text: string) => {
-  const chars = [...text];
-  return chars.length <= MAX_ERROR ? text : `${chars.slice(0, MAX_ERROR - 1).join("")}…`;
-};
 
 export type AppliedFields = { error?: string; revisions?: Record<string, string>; bad: string[] };
 // One reading per stored entry, as for needs.
@@ -34,7 +31,7 @@ function readApplied(entry: Entry): AppliedFields {
   const bad: string[] = [];
   const read: { error?: string; revisions?: Record<string, string> } = {};
   if (error !== undefined) {
-    if (typeof error === "string") read.error = cut(error);
+    if (typeof error === "string") read.error = cutText(error, MAX_ERROR);
     else bad.push("applied record's error is not a string");
   }
   if (revisions !== undefined) {

@@ -46,9 +46,12 @@ export function providerOf(trigger: TriggerInfo): string {
 }
 
 /** A word as kept: at most {@link MAX_WORD} characters, a longer one cut and marked with `…`. */
-export function keptWord(word: string): string {
-  const chars = [...word];
-  return chars.length <= MAX_WORD ? word : `${chars.slice(0, MAX_WORD - 1).join("")}…`;
+export const keptWord = (word: string): string => cutText(word, MAX_WORD);
+
+/** `text` of at most `max` characters (code points): a longer one cut and marked with `…`. */
+export function cutText(text: string, max: number): string {
+  const chars = [...text];
+  return chars.length <= max ? text : `${chars.slice(0, max - 1).join("")}…`;
 }
 
 /**

@@ -7,7 +7,7 @@ import { z } from "zod";
 import type { Entry, KeyRecord, Snapshot } from "../../runtime/index.ts";
 import { decodeKey, TOKEN } from "./keys.ts";
 import { appliedOf } from "./applied.ts";
-import { failingOf } from "./follower.ts";
+import { cutText, failingOf } from "./follower.ts";
 import { heldIn, holdersIndex, rotationConfig, rotationsIn, rotationStates, type StaleHolder } from "./rotation.ts";
 
 /** The states of a module (docs/state.md §7.3), in the order counts are said. */
@@ -104,10 +104,7 @@ export interface Model {
 const decoder = new TextDecoder("utf-8", { fatal: true });
 /** The longest `error` and condition message kept, in characters; a longer one is cut and marked with `…`. */
 export const MAX_TEXT = 1024;
-const cut = (text: string) => {
-  const chars = [...text];
-  return chars.length <= MAX_TEXT ? text : `${chars.slice(0, MAX_TEXT - 1).join("")}…`;
-};
+const cut = (text: string) => cutText(text, MAX_TEXT);
 /** At most this many needs are named in one condition's message; the rest are counted. */
 const NAMED = 10;
 /** What a need's value says of its provider: its module name, or why it is out of shape. */
