@@ -1,5 +1,6 @@
 import { defineFunction, RevisionConflict } from "../runtime/index.ts";
 import { appliedIndex } from "./_lib/applied.ts";
+import { HEADROOM } from "./_lib/provisioning.ts";
 import {
   heldIn,
   holdersIndex,
@@ -94,7 +95,7 @@ export default defineFunction({
 
     /** The texts of `items` cut into parts each within the connection's max_payload (less a headroom). */
     function chunks(items: string[], text: (part: string[]) => string): string[] {
-      const budget = ctx.limits.maxPayload - 1024;
+      const budget = ctx.limits.maxPayload - HEADROOM;
       const parts: string[] = [];
       let part: string[] = [];
       for (const item of items) {

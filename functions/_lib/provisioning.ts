@@ -269,8 +269,8 @@ export function itemOf(what: What, entry: Entry): Item {
   return { entry: `${fields},"value":${text.trim()},"revision":${entry.revision},"at":"${entry.created.toISOString()}"}` };
 }
 
-/** Bytes kept free in a reply beyond the answer's own JSON. */
-const HEADROOM = 1024;
+/** Bytes kept free in a reply (or any message the set publishes) beyond the answer's own JSON. */
+export const HEADROOM = 1024;
 
 /**
  * The items of small answers made last, with their bytes, by the entry they came from: a live

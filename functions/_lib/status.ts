@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { ReadBucket, StoreUse } from "../../runtime/index.ts";
 import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
 import { filtersFor, token } from "./keys.ts";
+import { HEADROOM } from "./provisioning.ts";
 import type { StaleHolder } from "./rotation.ts";
 import { provisioningSchema, type Provisioning } from "./state.ts";
 
@@ -126,9 +127,6 @@ export async function countFailing(failing: ReadBucket): Promise<{ failing: numb
   const found = failingOf(await failing.list(">"));
   return { failing: found.failing.length, outOfShape: found.outOfShape.length };
 }
-
-/** Bytes kept free in a reply beyond the answer's own JSON. */
-const HEADROOM = 1024;
 
 /**
  * Status (docs/failing.md §5) of what `request` narrows to, from the failing and registry buckets and
