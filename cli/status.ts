@@ -9,8 +9,6 @@ export function askStatus(nc: NatsConnection, narrowing: Record<string, unknown>
   return askVerb<Status>(nc, STATUS, narrowing);
 }
 
-export { failingFor };
-
 const WIDEST_WORD = 80;
 
 /** Status as a person reads it: well or not, a table of what fails and for how long, the registry. */

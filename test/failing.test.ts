@@ -11,7 +11,7 @@ import {
   providerOf,
   recoveredEvent,
 } from "../functions/_lib/follower.ts";
-import { failingOf } from "../functions/_lib/status.ts";
+import { failingOf } from "../functions/_lib/follower.ts";
 import { compareTimes, rfc3339 } from "../functions/_lib/times.ts";
 import { assertBuckets } from "../runtime/assert.ts";
 import { writeBucket } from "../runtime/buckets.ts";

@@ -1,7 +1,8 @@
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS, type Status } from "../functions/_lib/status.ts";
-import { formatStatus, failingFor } from "../cli/status.ts";
+import { failingFor } from "../cli/ask.ts";
+import { formatStatus } from "../cli/status.ts";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { request, startSet, testBus, until } from "./helpers.ts";

@@ -4,7 +4,7 @@ import { z } from "zod";
 import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
 import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
-import { countsAgainst, firstAtOrAfter, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
+import { firstAtOrAfter, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
 
 /** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";
@@ -398,8 +398,6 @@ function entryText(kept: { base: object }, at: object): string {
   if (text === undefined) entryTexts.set(kept.base, (text = JSON.stringify(kept.base)));
   return text;
 }
-
-export { countsAgainst };
 
 /**
  * One page of `items` (sorted by key, each its JSON text) for `what`: those after the request's

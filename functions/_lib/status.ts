@@ -11,8 +11,6 @@ export const STATUS = "mesh-provisioner.status";
 /** The function whose last scheduled run is the registry's `compiledAt`. */
 export const COMPILE_FUNCTION = "registry-compile";
 
-export { failingOf, type Failing };
-
 /** The narrowing of status: each a token, like the verb's (docs/verb.md §4). */
 export const statusRequest = z.strictObject({
   provider: token.optional(),
