@@ -102,13 +102,16 @@ export function resyncing<G extends Load>({
 
   const round = async () => {
     if (stopped() || reloading) return;
+    // What the view held before asking: a message it applies while the answer comes is no sequence going back.
+    const before = current();
+    const appliedBefore = before.applied;
     const { state, created: streamCreated } = await jsm.streams.info(stream);
     const generation = current();
     const { applied } = generation;
     if (asked !== undefined) return reload(asked.why, asked.trusted, streamCreated);
-    if (streamCreated !== loadedFrom || state.last_seq < applied) {
+    if (streamCreated !== loadedFrom || (generation === before && state.last_seq < appliedBefore)) {
       return reload(
-        `the stream is not the one the view loaded (created ${streamCreated}, last sequence ${state.last_seq}; the view applied ${applied})`,
+        `the stream is not the one the view loaded (created ${streamCreated}, last sequence ${state.last_seq}; the view applied ${appliedBefore})`,
         false,
         streamCreated,
       );
