@@ -1,16 +1,14 @@
 import { defineFunction } from "../runtime/index.ts";
 import {
   CONDITIONS,
-  countsAgainst,
+  conditionsAt,
   NO_PROVISIONING,
-  staleCount,
   staleHoldersOf,
   currentModel,
   provisioningConfig,
   provisioningOf,
   snapshotsOf,
   STATES,
-  stateAt,
 } from "./_lib/state.ts";
 import { COMPILE_FUNCTION, countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
@@ -51,9 +49,8 @@ export default defineFunction({
       type: "gauge",
       help: "Holders of a rotated provision not on its new revision yet (docs/rotation.md §8.3), within their grace or past it",
       collect: async (ctx) =>
-        staleCount(
-          await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds),
-        ),
+        (await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds))
+          .staleHolders,
     },
     module_conditions: {
       type: "gauge",
@@ -62,13 +59,8 @@ export default defineFunction({
       collect: async (ctx) => {
         const { graceSeconds } = ctx.config.provisioning;
         const model = await currentModel(await snapshotsOf(ctx.views, true), graceSeconds, ctx.config.rotation.graceSeconds);
-        const now = ctx.clock.now();
-        const counted = Object.fromEntries(CONDITIONS.map((type) => [type, 0]));
-        for (const kept of model.modules) {
-          if (kept.base.conditions.length === 0 && !countsAgainst(kept, now)) continue;
-          for (const { type } of stateAt(kept, now, graceSeconds).conditions) counted[type]!++;
-        }
-        return CONDITIONS.map((type) => ({ labels: { type }, value: counted[type]! }));
+        const counted = conditionsAt(model, ctx.clock.now());
+        return CONDITIONS.map((type) => ({ labels: { type }, value: counted[type] }));
       },
     },
   },

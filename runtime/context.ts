@@ -95,7 +95,11 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
     for (const name of access?.views ?? []) {
       const view = storage.view(name);
       const checked = readOnly(fn.name, view);
-      const snapshotOf = (snapshot: Snapshot): Snapshot => ({ stamp: snapshot.stamp, reads: readOnly(fn.name, snapshot.reads) });
+      const snapshotOf = (snapshot: Snapshot): Snapshot => ({
+        stamp: snapshot.stamp,
+        reads: readOnly(fn.name, snapshot.reads),
+        changedSince: (stamp) => snapshot.changedSince(stamp),
+      });
       const reachable = <T>(read: () => Promise<T>): Promise<T> => {
         const away = unreachable();
         return away === undefined ? read() : Promise.reject(new ServiceError(503, away));

@@ -38,7 +38,7 @@ export interface Storage {
 function serverView(server: ReadBucket): ViewBucket {
   let made = 0;
   const view = randomUUID();
-  const snapshot = () => ({ stamp: `${view}.server.${++made}`, reads: server });
+  const snapshot = () => ({ stamp: `${view}.server.${++made}`, reads: server, changedSince: () => undefined });
   return { ...server, local: server, confirmedAt: () => new Date(), snapshot: async () => snapshot(), localSnapshot: snapshot };
 }
 

@@ -103,6 +103,13 @@ export interface ViewBucket extends ReadBucket {
 export interface Snapshot {
   readonly stamp: string;
   readonly reads: ReadBucket;
+  /**
+   * The keys written, deleted or purged after the state an earlier `stamp` of the same view
+   * named, each once, in no set order (some written since this snapshot may be among them);
+   * `undefined` when that cannot be told: a stamp of another view or load, a server read, or
+   * more changes ago than the view keeps (docs/runtime.md §6.12).
+   */
+  changedSince(stamp: string): readonly string[] | undefined;
 }
 
 /** The clock a function reads time from; tests may hand in their own. */

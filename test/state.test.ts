@@ -5,7 +5,7 @@ import fc from "fast-check";
 import type { KV, NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Status } from "../functions/_lib/status.ts";
-import type { ModuleState } from "../functions/_lib/state.ts";
+import { currentModel, modelOf, snapshotsOf, type Model, type ModuleState } from "../functions/_lib/state.ts";
 import type { Config, Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { nanosOf } from "../runtime/buckets.ts";
@@ -363,6 +363,59 @@ describe("permissions of the assignments mirror", () => {
     await controller.put("alder.fine", "{}");
     expect((await controller.get("alder.fine"))?.string()).toBe("{}");
   });
+});
+
+describe("the state kept up to date equals the state made whole", () => {
+  type Op =
+    | { op: "assign" | "unassign" | "misassign"; node: number; module: number }
+    | { op: "need" | "unneed" | "name" | "misname" | "misshape"; node: number; module: number; name: number }
+    | { op: "apply"; node: number; module: number; error: boolean };
+  const ids = { node: fc.integer({ min: 0, max: 1 }), module: fc.integer({ min: 0, max: 2 }) };
+  const op: fc.Arbitrary<Op> = fc.oneof(
+    fc.record({ op: fc.constantFrom("assign" as const, "unassign" as const, "misassign" as const), ...ids }),
+    fc.record({
+      op: fc.constantFrom("need" as const, "unneed" as const, "name" as const, "misname" as const, "misshape" as const),
+      ...ids,
+      name: fc.integer({ min: 0, max: 1 }),
+    }),
+    fc.record({ op: fc.constant("apply" as const), ...ids, error: fc.boolean() }),
+  );
+  const all = (modules: Model["modules"]) => [...modules.values()].map((k) => k.base);
+
+  it("after random writes of assignments, needs naming providers, keys out of shape and applied records", async () => {
+    const fn = set.functions.find((f) => f.name === "provisioning")!;
+    const views = () => set.runner.context(fn, { kind: "invoke" }).views as unknown as Parameters<typeof snapshotsOf>[0];
+    // The modules of these runs are q0, q1 and q2 on alder and birch; a need may name another as its provider.
+    const node = (n: number) => ["alder", "birch"][n]!;
+    const module = (m: number) => `q${m}`;
+    await currentModel(await snapshotsOf(views()), GRACE_SECONDS);
+    await fc.assert(
+      fc.asyncProperty(fc.array(op, { minLength: 1, maxLength: 8 }), async (ops) => {
+        for (const o of ops) {
+          const key = `${node(o.node)}.${module(o.module)}`;
+          const own = nodes[node(o.node)]!;
+          if (o.op === "assign") await controller.put(key, "{}");
+          if (o.op === "unassign") await controller.delete(key);
+          if (o.op === "misassign") await controller.put(`${key}.extra`, "{}");
+          if (o.op === "need") await own.needs.put(`${key}.config.n${o.name}`, "{}");
+          if (o.op === "unneed") await own.needs.delete(`${key}.config.n${o.name}`);
+          if (o.op === "name") await own.needs.put(`${key}.bound.n${o.name}`, JSON.stringify({ provider: module((o.module + 1) % 3) }));
+          if (o.op === "misname") await own.needs.put(`${key}.bound.n${o.name}`, JSON.stringify({ provider: "a b" }));
+          if (o.op === "misshape") await own.needs.put(`${key}.threetokens`, "{}");
+          if (o.op === "apply") await own.applied.put(key, JSON.stringify(o.error ? { error: "no" } : {}));
+        }
+        const inputs = await snapshotsOf(views());
+        const kept = await currentModel(inputs, GRACE_SECONDS);
+        const whole = await modelOf(inputs, GRACE_SECONDS);
+        expect(all(kept.modules)).toEqual(all(whole.modules));
+        expect([...kept.watched.keys()]).toEqual([...whole.watched.keys()]);
+        expect(kept.outOfShape).toEqual(whole.outOfShape);
+        expect(kept.counts).toEqual(whole.counts);
+        expect(kept.conditions).toEqual(whole.conditions);
+      }),
+      { numRuns: 30 },
+    );
+  }, 120_000);
 });
 
 describe("the state equals a model of the writes", () => {

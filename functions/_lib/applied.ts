@@ -2,7 +2,8 @@
  * The applied record a node's client writes after each pass over a module (docs/state.md §7.2):
  * the fields this project reads, a field of the wrong type read as absent and said.
  */
-import type { Entry, ReadBucket } from "../../runtime/index.ts";
+import type { Entry, Snapshot } from "../../runtime/index.ts";
+import { keeping } from "./keeping.ts";
 import { cutText } from "./follower.ts";
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
@@ -46,13 +47,18 @@ function readApplied(entry: Entry): AppliedFields {
   return { ...read, bad };
 }
 
-// The applied records by key, by the stamp of the snapshot they were listed from.
-let index: { stamp: string; byKey: Map<string, Entry> } | undefined;
+// The applied records by key: listed once, then updated from the keys changed since (docs/runtime.md §6.12).
+const index = keeping(
+  async ({ applied }: { applied: Snapshot }) => new Map((await applied.reads.list(">")).map((e) => [e.key, e] as const)),
+  async (byKey, { applied }, changes) => {
+    const found = await Promise.all(changes.applied.map(async (key) => [key, await applied.reads.get(key)] as const));
+    for (const [key, entry] of found) {
+      if (entry === null) byKey.delete(key);
+      else byKey.set(key, entry);
+    }
+    return byKey;
+  },
+);
 
-/** Every applied record by its key `<node>.<module>`, kept until the applied bucket changes. */
-export async function appliedIndex(applied: { stamp: string; reads: ReadBucket }): Promise<Map<string, Entry>> {
-  if (index?.stamp === applied.stamp) return index.byKey;
-  const byKey = new Map((await applied.reads.list(">")).map((e) => [e.key, e] as const));
-  index = { stamp: applied.stamp, byKey };
-  return byKey;
-}
+/** Every applied record by its key `<node>.<module>`, kept and updated as the applied bucket changes. */
+export const appliedIndex = (applied: Snapshot): Promise<ReadonlyMap<string, Entry>> => index({ applied });

@@ -4,7 +4,7 @@ import { z } from "zod";
 import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
 import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
-import { firstAtOrAfter, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
+import { modulesOf, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
 
 /** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";
@@ -373,15 +373,8 @@ export function answerStatePage(
   confirmedAt?: Date | null,
 ): JsonText {
   const { node, module, state } = request;
-  const from = Math.max(
-    node === undefined ? 0 : firstAtOrAfter(model, `${node}.`),
-    cursors.after === undefined ? 0 : firstAtOrAfter(model, `${cursors.after}\u0000`),
-  );
   function* items(): Generator<{ key: string; text: string }> {
-    for (let i = from; i < model.modules.length; i++) {
-      const kept = model.modules[i]!;
-      if (node !== undefined && kept.base.node !== node) return;
-      if (module !== undefined && kept.base.module !== module) continue;
+    for (const kept of modulesOf(model.modules, { node, module, after: cursors.after })) {
       const at = stateAt(kept, now, graceSeconds);
       if (state === undefined || at.state === state) yield { key: kept.base.key, text: entryText(kept, at) };
     }

@@ -11,9 +11,11 @@ import {
   RevisionConflict,
   type Entry,
   type ReadBucket,
+  type Snapshot,
   type WriteBucket,
 } from "../../runtime/index.ts";
 import { appliedOf } from "./applied.ts";
+import { keeping } from "./keeping.ts";
 import { MAX_TOKEN, TOKEN, token } from "./keys.ts";
 import { compareTimes, rfc3339 } from "./times.ts";
 
@@ -171,25 +173,62 @@ export const provisionOf = (name: string) => {
   return slash === -1 ? name : name.slice(0, slash);
 };
 
-// The holders of each provision, by the stamp of the needs snapshot they were made from.
-let index: { stamp: string; byProvision: Map<string, Holder[]> } | undefined;
-
-/** The holders of every provision, from the needs' keys (in key order), kept until the needs change. */
-export async function holdersIndex(needs: { stamp: string; reads: ReadBucket }): Promise<Map<string, Holder[]>> {
-  if (index?.stamp === needs.stamp) return index.byProvision;
-  const byProvision = new Map<string, Holder[]>();
-  for (const entry of await needs.reads.list(">")) {
-    const tokens = entry.key.split(".");
-    if (tokens.length !== 4 || tokens.some((t) => !TOKEN.test(t))) continue;
-    const [node, module, kind, name] = tokens as [string, string, string, string];
-    const provision = provisionOf(name);
-    let list = byProvision.get(provision);
-    if (list === undefined) byProvision.set(provision, (list = []));
-    list.push({ key: entry.key, node, module, kind, name });
-  }
-  index = { stamp: needs.stamp, byProvision };
-  return byProvision;
+/** The holder a needs key names, when it is one: four tokens (docs/rotation.md §8.1). */
+function holderOf(key: string): Holder | undefined {
+  const tokens = key.split(".");
+  if (tokens.length !== 4 || tokens.some((t) => !TOKEN.test(t))) return undefined;
+  const [node, module, kind, name] = tokens as [string, string, string, string];
+  return { key, node, module, kind, name };
 }
+
+/** The index in `list` (sorted by key) of `key`, or where it would go. */
+function indexOf(list: readonly Holder[], key: string): number {
+  let lo = 0;
+  let hi = list.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (list[mid]!.key < key) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// The holders of each provision: made from every needs key once, then updated from the keys
+// changed since (docs/runtime.md §6.12). A provision's list is replaced, never changed, so a
+// caller keeping one keeps what it was.
+const holders = keeping(
+  async ({ needs }: { needs: Snapshot }) => {
+    const byProvision = new Map<string, Holder[]>();
+    for (const entry of await needs.reads.list(">")) {
+      const h = holderOf(entry.key);
+      if (h === undefined) continue;
+      const provision = provisionOf(h.name);
+      let list = byProvision.get(provision);
+      if (list === undefined) byProvision.set(provision, (list = []));
+      list.push(h);
+    }
+    return byProvision;
+  },
+  async (byProvision, { needs }, changes) => {
+    const found = await Promise.all(changes.needs.map(async (key) => [key, await needs.reads.get(key)] as const));
+    for (const [key, entry] of found) {
+      const h = holderOf(key);
+      if (h === undefined) continue;
+      const provision = provisionOf(h.name);
+      const list = [...(byProvision.get(provision) ?? [])];
+      const at = indexOf(list, key);
+      const held = list[at]?.key === key;
+      if (entry === null && !held) continue;
+      list.splice(at, held ? 1 : 0, ...(entry === null ? [] : [h]));
+      if (list.length === 0) byProvision.delete(provision);
+      else byProvision.set(provision, list);
+    }
+    return byProvision;
+  },
+);
+
+/** The holders of every provision, from the needs' keys (in key order), kept and updated as the needs change. */
+export const holdersIndex = (needs: Snapshot): Promise<ReadonlyMap<string, readonly Holder[]>> => holders({ needs });
 
 /** What one holder has in use: its module's applied `revisions[provision]`, and when that record was written. */
 export interface Held {

@@ -4,11 +4,16 @@
  * buckets. Every comparison is on the times the server stored the writes (`created`).
  */
 import { z } from "zod";
+import { createRequire } from "node:module";
 import type { Entry, KeyRecord, Snapshot } from "../../runtime/index.ts";
 import { decodeKey, TOKEN } from "./keys.ts";
-import { appliedOf } from "./applied.ts";
+import { appliedIndex, appliedOf } from "./applied.ts";
+import { keeping, type Changes } from "./keeping.ts";
 import { cutText, failingOf } from "./follower.ts";
 import { heldIn, holdersIndex, rotationConfig, rotationsIn, rotationStates, type StaleHolder } from "./rotation.ts";
+
+// Required, not imported: a CommonJS module whose default export tsx and vitest unwrap differently.
+const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typeof import("sorted-btree");
 
 /** The states of a module (docs/state.md §7.3), in the order counts are said. */
 export const STATES = ["unassigned", "never-ran", "pending", "failed", "declares-nothing", "applied"] as const;
@@ -91,13 +96,23 @@ export interface Kept {
   readonly stale: readonly (StaleHolder & { readonly staleAt: number })[];
 }
 
-/** Every module's state of one set of snapshots, in key order, and the keys that name no module. */
+/** Modules by key `<node>.<module>`, in key order (a B+ tree). */
+export type Modules = Pick<ModuleTree, "get" | "has" | "size" | "keys" | "values" | "entries">;
+type ModuleTree = InstanceType<typeof BTree<string, Kept>>;
+
+/** Every module's state of one set of snapshots, and the keys that name no module. Never changed once made. */
 export interface Model {
-  readonly modules: readonly Kept[];
+  /** Every module, by key. */
+  readonly modules: Modules;
+  /** The modules that count against the mesh, or may come to without a write (never-ran or pending: Late once their grace passes; holding a stale holder), by key. */
+  readonly watched: Modules;
+  /** Keys that name no module, by `<bucket>:<key>`. */
   readonly outOfShape: readonly { key: string; reason: string }[];
   readonly counts: Readonly<Record<State, number>>;
-  /** Keys of {@link Model.modules} by index, for narrowing by node. */
-  readonly keys: readonly string[];
+  /** Modules carrying each condition, Late and Stale left out (they depend on the time asked). */
+  readonly conditions: Readonly<Record<ConditionType, number>>;
+  /** Stale holders, within their grace or past it. */
+  readonly staleHolders: number;
 }
 
 // Values are UTF-8 JSON: bytes that are not UTF-8 are said, never read as U+FFFD.
@@ -159,7 +174,7 @@ function assignmentProblem(record: KeyRecord): string | null {
 const iso = (d: Date) => d.toISOString();
 const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
-/** `node.module` of a key out of its bucket's shape, when its first two tokens are tokens. */
+/** `node.module` of a key, when its first two tokens are tokens. */
 function moduleOfKey(key: string): string | undefined {
   const [node, module] = key.split(".");
   return node !== undefined && module !== undefined && TOKEN.test(node) && TOKEN.test(module) ? `${node}.${module}` : undefined;
@@ -192,63 +207,46 @@ const names = (needs: readonly { kind: string; name: string }[]) =>
     .map((n) => `${n.kind}.${n.name}`)
     .join(", ") + (needs.length > NAMED ? ` and ${needs.length - NAMED} more` : "");
 /** At most {@link NAMED} parts of a message, the rest counted. */
-const parts = (items: readonly string[]) =>
+const joined = (items: readonly string[]) =>
   cut(items.slice(0, NAMED).join("; ") + (items.length > NAMED ? `; and ${items.length - NAMED} more` : ""));
 const earliest = (dates: readonly Date[]) => new Date(Math.min(...dates.map((d) => d.getTime())));
 
+/** Records of the three buckets a module is made of, gathered by module; keys naming none apart. */
+interface Gatherings {
+  readonly byModule: Map<string, Gathered>;
+  /** Keys out of shape said in the answer, by the module their first two tokens name (an assignment key with more than two). */
+  readonly top: Map<string, { key: string; reason: string }[]>;
+  /** Keys out of shape whose first two tokens are not tokens, by `<bucket>:<key>`. */
+  readonly loose: Map<string, { key: string; reason: string }>;
+}
+
 /**
- * Every module's state (docs/state.md §7) of `inputs`, `Late` left out (see {@link answerOf}).
- * Keys of the assignments, needs and applied buckets whose node and module cannot be told are
- * in `outOfShape`; those that can, and bad fields of values, are the module's `OutOfShape`.
+ * Gathers records of the assignments (delete markers included), needs and applied buckets by
+ * module: the assignment, the needs decoded and their values read, the applied record's fields;
+ * a key out of shape is its module's when its first two tokens are tokens.
  */
-export async function modelOf(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
-  const [assignments, needs, applied, registry, failing, { rotations }] = await Promise.all([
-    inputs.assignments.reads.records(">"),
-    inputs.needs.reads.list(">"),
-    inputs.applied.reads.list(">"),
-    inputs.registry.reads.list(">"),
-    inputs.failing.reads.list(">"),
-    rotationsIn(inputs.rotations.reads),
-  ]);
-  // Stale holders by module, from the rotations kept (docs/rotation.md §8.3).
-  const staleByModule = new Map<string, (StaleHolder & { staleAt: number })[]>();
-  if (rotations.length > 0) {
-    // The holders' index is made only once a rotation is kept.
-    const byProvision = await holdersIndex(inputs.needs);
-    const appliedByKey = new Map(applied.map((e) => [e.key, e] as const));
-    for (const list of rotationStates(rotations, byProvision, heldIn(appliedByKey)).stale.values()) {
-      for (const h of list) {
-        const key = `${h.node}.${h.module}`;
-        staleByModule.set(key, [
-          ...(staleByModule.get(key) ?? []),
-          { ...h, staleAt: Date.parse(h.rotatedAt) + rotationGraceSeconds * 1000 },
-        ]);
-      }
-    }
-  }
-  const kinds = new Set(registry.map((e) => e.key));
-  const failingByModule = new Map<string, { provider: string; word: string; since: string }[]>();
-  for (const f of failingOf(failing).failing) {
-    const key = `${f.machine}.${f.consumer}`;
-    failingByModule.set(key, [...(failingByModule.get(key) ?? []), f]);
-  }
-  const outOfShape: { key: string; reason: string }[] = [];
-  const gathered = new Map<string, Gathered>();
+function gatherings(assignments: readonly KeyRecord[], needs: readonly Entry[], applied: readonly Entry[]): Gatherings {
+  const byModule = new Map<string, Gathered>();
+  const top = new Map<string, { key: string; reason: string }[]>();
+  const loose = new Map<string, { key: string; reason: string }>();
   const at = (key: string) => {
-    let g = gathered.get(key);
-    if (g === undefined) gathered.set(key, (g = { needs: [], outOfShape: [] }));
+    let g = byModule.get(key);
+    if (g === undefined) byModule.set(key, (g = { needs: [], outOfShape: [] }));
     return g;
   };
   /** A key out of shape: the module's when it can be told, the answer's otherwise. */
   const misshapen = (bucket: string, key: string, reason: string, created: Date, module = moduleOfKey(key)) => {
-    if (module === undefined) outOfShape.push({ key: `${bucket}:${key}`, reason });
+    if (module === undefined) loose.set(`${bucket}:${key}`, { key: `${bucket}:${key}`, reason });
     else at(module).outOfShape.push({ key: `${bucket}:${key}`, reason, at: created });
   };
-
   for (const record of assignments) {
     const decoded = decodeKey("assignments", record.key);
     if (!decoded.ok) {
-      if (!record.deleted) outOfShape.push({ key: `assignments:${record.key}`, reason: decoded.reason });
+      if (record.deleted) continue;
+      const found = { key: `assignments:${record.key}`, reason: decoded.reason };
+      const module = moduleOfKey(record.key);
+      if (module === undefined) loose.set(found.key, found);
+      else top.set(module, [...(top.get(module) ?? []), found]);
       continue;
     }
     at(record.key).assignment = record;
@@ -280,99 +278,45 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number, rotatio
     };
     for (const reason of record.bad) misshapen("applied", entry.key, reason, entry.created, entry.key);
   }
+  return { byModule, top, loose };
+}
 
-  // Modules: assigned, or with needs or an applied record (an assignment's delete marker alone is none).
-  const keys = [...gathered.keys()]
-    .filter((key) => {
-      const g = gathered.get(key)!;
-      return (g.assignment !== undefined && !g.assignment.deleted) || g.needs.length > 0 || g.applied !== undefined;
-    })
-    .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  // Keys out of shape whose module is no module (no assignment, need or applied record): said in the answer.
-  const listed = new Set(keys);
-  for (const [key, g] of gathered) {
-    if (listed.has(key)) continue;
-    for (const o of g.outOfShape) outOfShape.push({ key: o.key, reason: o.reason });
-  }
-  const states = new Map(keys.map((key) => [key, stateOf(gathered.get(key)!)]));
-  // Where each module name is assigned, and where it is ready, for the needs naming it as their provider.
-  const providers = new Map<string, { assigned: string[]; ready: boolean }>();
-  for (const key of keys) {
-    const g = gathered.get(key)!;
-    if (g.assignment === undefined || g.assignment.deleted) continue;
-    const [node, module] = key.split(".") as [string, string];
-    const p = providers.get(module) ?? { assigned: [], ready: false };
-    p.assigned.push(node);
-    const { state } = states.get(key)!;
-    if (state === "applied" || state === "declares-nothing") p.ready = true;
-    providers.set(module, p);
-  }
+/** A need naming its provider, for the provider conditions. */
+interface Named {
+  readonly kind: string;
+  readonly name: string;
+  readonly provider: string;
+  readonly created: Date;
+}
 
-  const counts = Object.fromEntries(STATES.map((s) => [s, 0])) as Record<State, number>;
-  const modules = keys.map((key): Kept => {
-    const g = gathered.get(key)!;
-    const [node, module] = key.split(".") as [string, string];
-    const { state, since } = states.get(key)!;
-    counts[state]++;
-    const conditions: Condition[] = [];
-    const unanswerable = g.needs.filter((n) => !kinds.has(n.kind));
-    if (unanswerable.length > 0) {
-      const byKind = new Map<string, typeof unanswerable>();
-      for (const n of unanswerable) byKind.set(n.kind, [...(byKind.get(n.kind) ?? []), n]);
-      conditions.push({
-        type: "Unanswerable",
-        reason: "NoDomain",
-        message: parts(
-          [...byKind].map(([kind, ns]) => `no domain answers kind ${kind} (${ns.length === 1 ? "need" : "needs"} ${names(ns)})`),
-        ),
-        since: iso(earliest(unanswerable.map((n) => n.created))),
-      });
-    }
-    const failed = failingByModule.get(key) ?? [];
-    if (failed.length > 0) {
-      conditions.push({
-        type: "ProviderFailing",
-        reason: "ProviderSaysFailing",
-        message: parts(failed.map((f) => `${f.provider} fails it: ${f.word}`)),
-        since: failed.map((f) => f.since).sort()[0]!,
-      });
-    }
-    const named = g.needs.filter((n) => n.value.provider !== undefined);
-    const notAssigned = named.filter((n) => providers.get(n.value.provider!) === undefined);
-    if (notAssigned.length > 0) {
-      conditions.push({
-        type: "ProviderNotAssigned",
-        reason: "ProviderNotAssigned",
-        message: parts(notAssigned.map((n) => `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to no node`)),
-        since: iso(earliest(notAssigned.map((n) => n.created))),
-      });
-    }
-    const notReady = named.filter((n) => {
-      const p = providers.get(n.value.provider!);
-      return p !== undefined && !p.ready;
-    });
-    if (notReady.length > 0) {
-      conditions.push({
-        type: "ProviderNotReady",
-        reason: "ProviderNotApplied",
-        message: parts(
-          notReady.map((n) => {
-            const p = providers.get(n.value.provider!)!;
-            return `need ${n.kind}.${n.name} names provider ${n.value.provider}, assigned to ${p.assigned.slice(0, NAMED).join(", ")}${p.assigned.length > NAMED ? ` and ${p.assigned.length - NAMED} more` : ""} but applied on none`;
-          }),
-        ),
-        since: iso(earliest(notReady.map((n) => n.created))),
-      });
-    }
-    if (g.outOfShape.length > 0) {
-      conditions.push({
-        type: "OutOfShape",
-        reason: "OutOfShape",
-        message: parts(g.outOfShape.map((o) => `${o.key}: ${o.reason}`)),
-        since: iso(earliest(g.outOfShape.map((o) => o.at))),
-      });
-    }
-    const base: ModuleState = {
+/** What the model keeps of a module between updates: all its conditions but those of other modules' or buckets' making. */
+interface Parts {
+  /** Assigned, or with needs or an applied record (an assignment's delete marker alone is none). */
+  readonly listed: boolean;
+  /** The keys out of shape it puts in the answer's `outOfShape` (all of its own when it is not listed). */
+  readonly top: readonly { key: string; reason: string }[];
+  /** Its state without conditions (`listed` only). */
+  readonly base?: Omit<ModuleState, "conditions">;
+  readonly since?: Date;
+  readonly unanswerable?: Condition;
+  readonly outOfShape?: Condition;
+  readonly named: readonly Named[];
+}
+
+/** A module's {@link Parts} from its gathered records, with the kinds some domain answers. */
+function partsOf(key: string, g: Gathered | undefined, top: readonly { key: string; reason: string }[], kinds: ReadonlySet<string>): Parts {
+  const listed =
+    g !== undefined && ((g.assignment !== undefined && !g.assignment.deleted) || g.needs.length > 0 || g.applied !== undefined);
+  if (!listed) return { listed, top: [...top, ...(g?.outOfShape ?? []).map(({ key, reason }) => ({ key, reason }))], named: [] };
+  const [node, module] = key.split(".") as [string, string];
+  const { state, since } = stateOf(g);
+  const unanswerable = g.needs.filter((n) => !kinds.has(n.kind));
+  const byKind = new Map<string, typeof unanswerable>();
+  for (const n of unanswerable) byKind.set(n.kind, [...(byKind.get(n.kind) ?? []), n]);
+  return {
+    listed,
+    top,
+    base: {
       key,
       node,
       module,
@@ -382,18 +326,367 @@ export async function modelOf(inputs: StateInputs, graceSeconds: number, rotatio
       needs: g.needs.length,
       appliedAt: g.applied === undefined ? null : iso(g.applied.created),
       ...(g.applied?.error === undefined ? {} : { error: g.applied.error }),
-      conditions,
-    };
-    const progressing = state === "never-ran" || state === "pending";
-    return {
-      base,
-      lateAt: progressing ? since.getTime() + graceSeconds * 1000 : null,
-      against: conditions.length > 0 || !(progressing || state === "applied" || state === "declares-nothing"),
-      stale: staleByModule.get(key) ?? [],
-    };
-  });
-  return { modules, outOfShape, counts, keys };
+    },
+    since,
+    ...(unanswerable.length === 0
+      ? {}
+      : {
+          unanswerable: {
+            type: "Unanswerable",
+            reason: "NoDomain",
+            message: joined(
+              [...byKind].map(([kind, ns]) => `no domain answers kind ${kind} (${ns.length === 1 ? "need" : "needs"} ${names(ns)})`),
+            ),
+            since: iso(earliest(unanswerable.map((n) => n.created))),
+          },
+        }),
+    ...(g.outOfShape.length === 0
+      ? {}
+      : {
+          outOfShape: {
+            type: "OutOfShape",
+            reason: "OutOfShape",
+            message: joined(g.outOfShape.map((o) => `${o.key}: ${o.reason}`)),
+            since: iso(earliest(g.outOfShape.map((o) => o.at))),
+          },
+        }),
+    named: g.needs.flatMap((n) =>
+      n.value.provider === undefined ? [] : [{ kind: n.kind, name: n.name, provider: n.value.provider, created: n.created }],
+    ),
+  };
 }
+
+type FailingOfModule = { provider: string; word: string; since: string };
+type StaleOfModule = StaleHolder & { staleAt: number };
+
+/** What the model is kept up to date from, besides each module's {@link Parts}. */
+interface Keeper {
+  readonly graceSeconds: number;
+  readonly rotationGraceSeconds: number;
+  readonly parts: Map<string, Parts>;
+  readonly loose: Map<string, { key: string; reason: string }>;
+  kinds: ReadonlySet<string>;
+  failing: Map<string, readonly FailingOfModule[]>;
+  stale: Map<string, readonly StaleOfModule[]>;
+  rotations: number;
+  /** Where each module name is assigned and where it is ready (applied or declares nothing), by node. */
+  readonly providers: Map<string, { assigned: Set<string>; ready: Set<string> }>;
+  /** The modules with a need naming each provider. */
+  readonly namers: Map<string, Set<string>>;
+  model: Model;
+}
+
+/** A listed module's state kept, its conditions made from its parts and what the keeper holds of other modules and buckets. */
+function keptOf(parts: Parts, keeper: Keeper, key: string): Kept {
+  const base = parts.base!;
+  const conditions: Condition[] = [];
+  if (parts.unanswerable !== undefined) conditions.push(parts.unanswerable);
+  const failed = keeper.failing.get(key) ?? [];
+  if (failed.length > 0) {
+    conditions.push({
+      type: "ProviderFailing",
+      reason: "ProviderSaysFailing",
+      message: joined(failed.map((f) => `${f.provider} fails it: ${f.word}`)),
+      since: failed.map((f) => f.since).sort()[0]!,
+    });
+  }
+  const notAssigned = parts.named.filter((n) => (keeper.providers.get(n.provider)?.assigned.size ?? 0) === 0);
+  if (notAssigned.length > 0) {
+    conditions.push({
+      type: "ProviderNotAssigned",
+      reason: "ProviderNotAssigned",
+      message: joined(notAssigned.map((n) => `need ${n.kind}.${n.name} names provider ${n.provider}, assigned to no node`)),
+      since: iso(earliest(notAssigned.map((n) => n.created))),
+    });
+  }
+  const notReady = parts.named.filter((n) => {
+    const p = keeper.providers.get(n.provider);
+    return p !== undefined && p.assigned.size > 0 && p.ready.size === 0;
+  });
+  if (notReady.length > 0) {
+    conditions.push({
+      type: "ProviderNotReady",
+      reason: "ProviderNotApplied",
+      message: joined(
+        notReady.map((n) => {
+          // In the order of the modules' keys.
+          const assigned = [...keeper.providers.get(n.provider)!.assigned].map((node) => `${node}.${n.provider}`).sort();
+          const nodes = assigned.slice(0, NAMED).map((k) => k.slice(0, k.length - n.provider.length - 1));
+          return `need ${n.kind}.${n.name} names provider ${n.provider}, assigned to ${nodes.join(", ")}${assigned.length > NAMED ? ` and ${assigned.length - NAMED} more` : ""} but applied on none`;
+        }),
+      ),
+      since: iso(earliest(notReady.map((n) => n.created))),
+    });
+  }
+  if (parts.outOfShape !== undefined) conditions.push(parts.outOfShape);
+  const { state } = base;
+  const progressing = state === "never-ran" || state === "pending";
+  return {
+    base: { ...base, conditions },
+    lateAt: progressing ? parts.since!.getTime() + keeper.graceSeconds * 1000 : null,
+    against: conditions.length > 0 || !(progressing || state === "applied" || state === "declares-nothing"),
+    stale: keeper.stale.get(key) ?? [],
+  };
+}
+
+/** Whether a module is among {@link Model.watched}. */
+const watches = (kept: Kept) => kept.against || kept.lateAt !== null || kept.stale.length > 0;
+
+const countsOf = () => Object.fromEntries(STATES.map((s) => [s, 0])) as Record<State, number>;
+const conditionsOf = () => Object.fromEntries(CONDITIONS.map((c) => [c, 0])) as Record<ConditionType, number>;
+const sameJson = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
+
+/** The failing providers of each module `<machine>.<consumer>` (docs/failing.md §5). */
+async function failingByModule(failing: Snapshot): Promise<Map<string, readonly FailingOfModule[]>> {
+  const byModule = new Map<string, FailingOfModule[]>();
+  for (const f of failingOf(await failing.reads.list(">")).failing) {
+    const key = `${f.machine}.${f.consumer}`;
+    byModule.set(key, [...(byModule.get(key) ?? []), { provider: f.provider, word: f.word, since: f.since }]);
+  }
+  return byModule;
+}
+
+/** The stale holders of each module (docs/rotation.md §8.3), each with when it passes the rotation's grace. */
+async function staleByModule(
+  inputs: StateInputs,
+  rotationGraceSeconds: number,
+): Promise<{ rotations: number; byModule: Map<string, readonly StaleOfModule[]> }> {
+  const { rotations } = await rotationsIn(inputs.rotations.reads);
+  const byModule = new Map<string, StaleOfModule[]>();
+  if (rotations.length === 0) return { rotations: 0, byModule };
+  // The indexes are made only once a rotation is kept.
+  const [byProvision, appliedByKey] = await Promise.all([holdersIndex(inputs.needs), appliedIndex(inputs.applied)]);
+  for (const list of rotationStates(rotations, byProvision, heldIn(appliedByKey)).stale.values()) {
+    for (const h of list) {
+      const key = `${h.node}.${h.module}`;
+      byModule.set(key, [...(byModule.get(key) ?? []), { ...h, staleAt: Date.parse(h.rotatedAt) + rotationGraceSeconds * 1000 }]);
+    }
+  }
+  return { rotations: rotations.length, byModule };
+}
+
+/** The keys of `a` and `b` whose values differ (as JSON). */
+function differing<V>(a: ReadonlyMap<string, V>, b: ReadonlyMap<string, V>): string[] {
+  const keys = new Set([...a.keys(), ...b.keys()]);
+  return [...keys].filter((k) => !sameJson(a.get(k), b.get(k)));
+}
+
+const EMPTY_MODEL: Model = {
+  modules: new BTree<string, Kept>(),
+  watched: new BTree<string, Kept>(),
+  outOfShape: [],
+  counts: countsOf(),
+  conditions: conditionsOf(),
+  staleHolders: 0,
+};
+
+/**
+ * Brings `keeper` up to date: `gathered` holds the records of every module to make again (the
+ * whole mesh when `keeper` is new), `failing`, `stale` and `loose` what they are now; modules
+ * naming a provider whose assignments or readiness changed, or whose failing providers or stale
+ * holders changed, are made again from their parts. The model made is a new one; the one
+ * before is left as it was.
+ */
+function apply(
+  keeper: Keeper,
+  gathered: Gatherings,
+  regathered: Iterable<string>,
+  now: {
+    failing?: Map<string, readonly FailingOfModule[]>;
+    stale?: { rotations: number; byModule: Map<string, readonly StaleOfModule[]> };
+  },
+  looseChanged: ReadonlyMap<string, { key: string; reason: string } | null>,
+): Model {
+  const before = keeper.model;
+  const modules = (before.modules as ModuleTree).clone();
+  const watched = (before.watched as ModuleTree).clone();
+  const counts = { ...before.counts };
+  const conditions = { ...before.conditions };
+  let { staleHolders } = before;
+  const remake = new Set<string>();
+  if (now.failing !== undefined) {
+    for (const key of differing(keeper.failing, now.failing)) remake.add(key);
+    keeper.failing = now.failing;
+  }
+  if (now.stale !== undefined) {
+    for (const key of differing(keeper.stale, now.stale.byModule)) remake.add(key);
+    keeper.stale = now.stale.byModule;
+    keeper.rotations = now.stale.rotations;
+  }
+  let topChanged = looseChanged.size > 0;
+  for (const [key, found] of looseChanged) {
+    if (found === null) keeper.loose.delete(key);
+    else keeper.loose.set(key, found);
+  }
+  // Each module gathered again: its parts, and what it adds to the providers.
+  const changedProviders = new Set<string>();
+  for (const key of regathered) {
+    remake.add(key);
+    const old = keeper.parts.get(key);
+    const next = partsOf(key, gathered.byModule.get(key), gathered.top.get(key) ?? [], keeper.kinds);
+    if (old?.top.length || next.top.length) topChanged = true;
+    if (next.listed || next.top.length > 0) keeper.parts.set(key, next);
+    else keeper.parts.delete(key);
+    const [node, module] = key.split(".") as [string, string];
+    const was = { assigned: old?.base?.assigned === true, ready: old?.base !== undefined && isReady(old.base) };
+    const is = { assigned: next.base?.assigned === true, ready: next.base !== undefined && isReady(next.base) };
+    if (was.assigned !== is.assigned || (was.assigned && was.ready !== is.ready)) {
+      let p = keeper.providers.get(module);
+      if (p === undefined) keeper.providers.set(module, (p = { assigned: new Set(), ready: new Set() }));
+      p.assigned.delete(node);
+      p.ready.delete(node);
+      if (is.assigned) p.assigned.add(node);
+      if (is.assigned && is.ready) p.ready.add(node);
+      if (p.assigned.size === 0) keeper.providers.delete(module);
+      changedProviders.add(module);
+    }
+    for (const n of old?.named ?? []) keeper.namers.get(n.provider)?.delete(key);
+    for (const n of next.named) {
+      let namers = keeper.namers.get(n.provider);
+      if (namers === undefined) keeper.namers.set(n.provider, (namers = new Set()));
+      namers.add(key);
+    }
+  }
+  for (const provider of changedProviders) for (const key of keeper.namers.get(provider) ?? []) remake.add(key);
+  for (const [provider, namers] of keeper.namers) if (namers.size === 0) keeper.namers.delete(provider);
+
+  for (const key of remake) {
+    const old = modules.get(key);
+    if (old !== undefined) {
+      counts[old.base.state]--;
+      for (const c of old.base.conditions) conditions[c.type]--;
+      staleHolders -= old.stale.length;
+      watched.delete(key);
+    }
+    const p = keeper.parts.get(key);
+    if (p === undefined || !p.listed) {
+      modules.delete(key);
+      continue;
+    }
+    const kept = keptOf(p, keeper, key);
+    modules.set(key, kept);
+    counts[kept.base.state]++;
+    for (const c of kept.base.conditions) conditions[c.type]++;
+    staleHolders += kept.stale.length;
+    if (watches(kept)) watched.set(key, kept);
+  }
+  const outOfShape = !topChanged
+    ? before.outOfShape
+    : [...keeper.loose.values(), ...[...keeper.parts.values()].flatMap((p) => p.top)].sort((a, b) =>
+        a.key < b.key ? -1 : a.key > b.key ? 1 : 0,
+      );
+  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders };
+  return keeper.model;
+}
+
+const isReady = (base: { state: State }) => base.state === "applied" || base.state === "declares-nothing";
+
+/** A new keeper, its model made from the whole of every view. */
+async function made(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds: number): Promise<Keeper> {
+  const [assignments, needs, applied, registry, failing, stale] = await Promise.all([
+    inputs.assignments.reads.records(">"),
+    inputs.needs.reads.list(">"),
+    inputs.applied.reads.list(">"),
+    inputs.registry.reads.list(">"),
+    failingByModule(inputs.failing),
+    staleByModule(inputs, rotationGraceSeconds),
+  ]);
+  const keeper: Keeper = {
+    graceSeconds,
+    rotationGraceSeconds,
+    parts: new Map(),
+    loose: new Map(),
+    kinds: new Set(registry.map((e) => e.key)),
+    failing: new Map(),
+    stale: new Map(),
+    rotations: 0,
+    providers: new Map(),
+    namers: new Map(),
+    model: EMPTY_MODEL,
+  };
+  const gathered = gatherings(assignments, needs, applied);
+  apply(keeper, gathered, new Set([...gathered.byModule.keys(), ...gathered.top.keys()]), { failing, stale }, gathered.loose);
+  return keeper;
+}
+
+/**
+ * `keeper` brought up to date with the keys changed since (docs/runtime.md §6.12): each module a
+ * changed key of the assignments, needs or applied bucket names gathered again from the views
+ * (its assignment, `<node>.<module>.>` of each bucket), the failing providers read again when the
+ * failing bucket changed, the stale holders when a rotation is kept and the rotations, needs or
+ * applied changed. A changed registry makes the whole model again.
+ */
+async function updated(keeper: Keeper, inputs: StateInputs, changes: Changes<StateInputs>): Promise<Keeper> {
+  if (changes.registry.length > 0) {
+    const kinds = new Set((await inputs.registry.reads.list(">")).map((e) => e.key));
+    if (kinds.size !== keeper.kinds.size || [...kinds].some((k) => !keeper.kinds.has(k))) {
+      return made(inputs, keeper.graceSeconds, keeper.rotationGraceSeconds);
+    }
+  }
+  const regather = new Set<string>();
+  const loose: [bucket: "assignments" | "needs" | "applied", key: string][] = [];
+  for (const bucket of ["assignments", "needs", "applied"] as const) {
+    for (const key of changes[bucket]) {
+      const module = moduleOfKey(key);
+      if (module === undefined) loose.push([bucket, key]);
+      else regather.add(module);
+    }
+  }
+  const staleChanged = changes.rotations.length > 0 || (keeper.rotations > 0 && (changes.needs.length > 0 || changes.applied.length > 0));
+  const [records, looseFound, failing, stale] = await Promise.all([
+    Promise.all(
+      [...regather].map(async (module) => {
+        const [assignment, assignmentsUnder, need, needsUnder, applied, appliedUnder] = await Promise.all([
+          inputs.assignments.reads.last(module),
+          inputs.assignments.reads.records(`${module}.>`),
+          inputs.needs.reads.get(module),
+          inputs.needs.reads.list(`${module}.>`),
+          inputs.applied.reads.get(module),
+          inputs.applied.reads.list(`${module}.>`),
+        ]);
+        return {
+          assignments: assignment === null ? assignmentsUnder : [assignment, ...assignmentsUnder],
+          needs: need === null ? needsUnder : [need, ...needsUnder],
+          applied: applied === null ? appliedUnder : [applied, ...appliedUnder],
+        };
+      }),
+    ),
+    Promise.all(
+      loose.map(async ([bucket, key]) => {
+        const reads = inputs[bucket].reads;
+        const record = bucket === "assignments" ? await reads.last(key) : await reads.get(key);
+        return [bucket, key, record === null || ("deleted" in record && record.deleted) ? null : record] as const;
+      }),
+    ),
+    changes.failing.length > 0 ? failingByModule(inputs.failing) : undefined,
+    staleChanged ? staleByModule(inputs, keeper.rotationGraceSeconds) : undefined,
+  ]);
+  const gathered = gatherings(
+    records.flatMap((r) => r.assignments),
+    records.flatMap((r) => r.needs),
+    records.flatMap((r) => r.applied),
+  );
+  const looseChanged = new Map<string, { key: string; reason: string } | null>();
+  for (const [bucket, key, record] of looseFound) {
+    const decoded = decodeKey(bucket, key);
+    looseChanged.set(`${bucket}:${key}`, record === null || decoded.ok ? null : { key: `${bucket}:${key}`, reason: decoded.reason });
+  }
+  apply(
+    keeper,
+    gathered,
+    regather,
+    { ...(failing === undefined ? {} : { failing }), ...(stale === undefined ? {} : { stale }) },
+    looseChanged,
+  );
+  return keeper;
+}
+
+// The model kept: made once from the whole of the views, then updated from what changed.
+const kept = keeping(
+  (inputs: StateInputs, graces: { graceSeconds: number; rotationGraceSeconds: number }) =>
+    made(inputs, graces.graceSeconds, graces.rotationGraceSeconds),
+  updated,
+);
 
 /** The holders of a module stale past their rotation's grace at `now`. */
 export const staleAt = (kept: Kept, now: Date) => kept.stale.filter((h) => now.getTime() >= h.staleAt);
@@ -425,7 +718,7 @@ export function stateAt(kept: Kept, now: Date, graceSeconds: number): ModuleStat
             {
               type: "Stale" as const,
               reason: "RotationNotApplied",
-              message: parts(
+              message: joined(
                 stale.map(
                   (h) =>
                     `${h.provider} rotated ${h.provision} to ${h.revision}; it holds ${h.heldRevision ?? "no revision of it"} (need ${h.key.split(".").slice(2).join(".")})`,
@@ -445,32 +738,17 @@ const pendingWords = (m: ModuleState) =>
 export const countsAgainst = (kept: Kept, now: Date) =>
   kept.against || (kept.lateAt !== null && now.getTime() >= kept.lateAt) || kept.stale.some((h) => now.getTime() >= h.staleAt);
 
-// The last model made, by the stamps of its snapshots: asked again unchanged, it is not made again.
-let last: { stamp: string; model: Promise<Model> } | undefined;
+/** The model of `inputs` made from the whole of each view, kept nowhere: what {@link currentModel} keeps up to date. */
+export const modelOf = async (inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> =>
+  (await made(inputs, graceSeconds, rotationGraceSeconds)).model;
 
 /**
- * The model of the views' snapshots now (each view checked current once, docs/verb.md §4.6), made
- * again only when one of them changed since the last one.
+ * The model of the views' snapshots now (each view checked current once, docs/verb.md §4.6):
+ * made from the whole of the views once, then kept up to date from the keys changed since
+ * (docs/state.md §7.5), so a request after a change pays for the modules it touched.
  */
-export function currentModel(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
-  const stamp = [
-    graceSeconds,
-    rotationGraceSeconds,
-    inputs.rotations.stamp,
-    inputs.assignments.stamp,
-    inputs.needs.stamp,
-    inputs.applied.stamp,
-    inputs.registry.stamp,
-    inputs.failing.stamp,
-  ].join("|");
-  if (last?.stamp !== stamp) {
-    const model = modelOf(inputs, graceSeconds, rotationGraceSeconds);
-    last = { stamp, model };
-    model.catch(() => {
-      if (last?.model === model) last = undefined;
-    });
-  }
-  return last.model;
+export async function currentModel(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
+  return (await kept(inputs, { graceSeconds, rotationGraceSeconds })).model;
 }
 
 /** The snapshots of the five views state reads, fresh (one check each) or, with `stale`, as held. */
@@ -481,18 +759,6 @@ export async function snapshotsOf(
   const names = ["assignments", "needs", "applied", "registry", "failing", "rotations"] as const;
   const taken = await Promise.all(names.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
   return Object.fromEntries(names.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
-}
-
-/** The index of the first module of `model` whose key is at or after `key` (the keys are sorted). */
-export function firstAtOrAfter(model: Model, key: string): number {
-  let lo = 0;
-  let hi = model.keys.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (model.keys[mid]! < key) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
 }
 
 /** What status says of provisioning (docs/state.md §7.5): modules by state, and those that count against the mesh. */
@@ -510,23 +776,37 @@ export const provisioningSchema = z.object({
   omitted: z.number().int(),
 }) satisfies z.ZodType<Provisioning>;
 
-/** Provisioning of the modules of `model` on `node` and named `module` (each when given), at `now`. */
+/**
+ * The modules of `model` in key order, from the first at or after `after` (exclusive) on
+ * `node`, and named `module` (each when given): a node's modules are one range of keys; a
+ * module's name alone is looked for among every module.
+ */
+export function* modulesOf(modules: Modules, narrowing: { node?: string; module?: string; after?: string } = {}): Generator<Kept> {
+  const { node, module, after } = narrowing;
+  const begin = node === undefined ? "" : `${node}.`;
+  const from = after !== undefined && after > begin ? `${after}\u0000` : begin;
+  for (const kept of modules.values(from)) {
+    if (node !== undefined && !kept.base.key.startsWith(begin)) return;
+    if (module !== undefined && kept.base.module !== module) continue;
+    yield kept;
+  }
+}
+
+/**
+ * Provisioning of the modules of `model` on `node` and named `module` (each when given), at
+ * `now`. Not narrowed, it reads only the modules watched (docs/state.md §7.5).
+ */
 export function provisioningOf(
   model: Model,
   now: Date,
   graceSeconds: number,
   narrowing: { node?: string; module?: string } = {},
 ): Provisioning {
-  const { node, module } = narrowing;
-  const narrowed = node === undefined && module === undefined;
-  const counts = narrowed ? model.counts : (Object.fromEntries(STATES.map((s) => [s, 0])) as Record<State, number>);
+  const narrowed = narrowing.node !== undefined || narrowing.module !== undefined;
+  const counts = narrowed ? countsOf() : model.counts;
   const notWell: ModuleState[] = [];
-  const from = node === undefined ? 0 : firstAtOrAfter(model, `${node}.`);
-  for (let i = from; i < model.modules.length; i++) {
-    const kept = model.modules[i]!;
-    if (node !== undefined && kept.base.node !== node) break;
-    if (module !== undefined && kept.base.module !== module) continue;
-    if (!narrowed) (counts as Record<State, number>)[kept.base.state]++;
+  for (const kept of modulesOf(narrowed ? model.modules : model.watched, narrowing)) {
+    if (narrowed) (counts as Record<State, number>)[kept.base.state]++;
     if (countsAgainst(kept, now)) notWell.push(stateAt(kept, now, graceSeconds));
   }
   return { counts, notWell, omitted: 0 };
@@ -546,7 +826,7 @@ export function staleHoldersOf(
   narrowing: { provider?: string; node?: string; module?: string } = {},
 ): StaleHolder[] {
   const found: StaleHolder[] = [];
-  for (const kept of model.modules) {
+  for (const kept of model.watched.values()) {
     if (kept.stale.length === 0) continue;
     for (const { staleAt: _, ...h } of staleAt(kept, now)) {
       if (narrowing.provider !== undefined && h.provider !== narrowing.provider) continue;
@@ -558,5 +838,12 @@ export function staleHoldersOf(
   return found;
 }
 
-/** Every stale holder of `model`, within its grace or past it. */
-export const staleCount = (model: Model) => model.modules.reduce((n, kept) => n + kept.stale.length, 0);
+/** Modules carrying each condition at `now`, Late and Stale included. */
+export function conditionsAt(model: Model, now: Date): Record<ConditionType, number> {
+  const counted = { ...model.conditions };
+  for (const kept of model.watched.values()) {
+    if (kept.lateAt !== null && now.getTime() >= kept.lateAt) counted.Late++;
+    if (kept.stale.some((h) => now.getTime() >= h.staleAt)) counted.Stale++;
+  }
+  return counted;
+}

@@ -34,6 +34,39 @@ export interface Generation {
   readonly loaded: Promise<void>;
   /** Delete markers whose value was longer than {@link MARKER_VALUE_BYTES}, kept empty. */
   readonly cut: WeakSet<KeyRecord>;
+  /** The keys applied, by stream sequence, for {@link changedAfter}. */
+  readonly log: ChangeLog;
+}
+
+/**
+ * How many of the latest records a generation remembers the keys of, at least: a reader asking
+ * what changed since longer ago reads the whole view again. Twice as many at most are kept
+ * (16 bytes each), then the older half is dropped.
+ */
+export const CHANGES_KEPT = 65_536;
+
+/** The keys of the records applied after sequence `from`, with their sequences, ascending. */
+export interface ChangeLog {
+  from: number;
+  readonly sequences: number[];
+  readonly keys: string[];
+}
+
+/**
+ * The keys of the records `generation` applied after stream sequence `sequence`, each once;
+ * `undefined` when its log no longer reaches back that far.
+ */
+export function changedAfter(generation: Generation, sequence: number): string[] | undefined {
+  const { log } = generation;
+  if (sequence < log.from) return undefined;
+  let lo = 0;
+  let hi = log.sequences.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (log.sequences[mid]! <= sequence) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo === log.keys.length ? [] : [...new Set(log.keys.slice(lo))];
 }
 
 const EMPTY = new Uint8Array(0);
@@ -59,7 +92,14 @@ export async function startGeneration(
   } catch (err) {
     throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`, { cause: err });
   }
-  const generation: Generation = { tree: new BTree<string, KeyRecord>(), applied: 0, watch, loaded, cut: new WeakSet() };
+  const generation: Generation = {
+    tree: new BTree<string, KeyRecord>(),
+    applied: 0,
+    watch,
+    loaded,
+    cut: new WeakSet(),
+    log: { from: 0, sequences: [], keys: [] },
+  };
   void (async () => {
     for await (const entry of watch) {
       applyEntry(generation, entry);
@@ -73,8 +113,8 @@ export async function startGeneration(
 
 /**
  * Applies one watched entry: its record replaces the key's in the tree (a delete or purge as a
- * marker, its value cut when longer than {@link MARKER_VALUE_BYTES}), and `applied` moves up to
- * its revision.
+ * marker, its value cut when longer than {@link MARKER_VALUE_BYTES}), `applied` moves up to its
+ * revision, and its key is logged.
  */
 export function applyEntry(generation: Generation, entry: KvEntry): void {
   const deleted = entry.operation !== "PUT";
@@ -90,7 +130,16 @@ export function applyEntry(generation: Generation, entry: KvEntry): void {
   };
   if (!kept) generation.cut.add(record);
   generation.tree.set(record.key, record);
-  if (entry.revision > generation.applied) generation.applied = entry.revision;
+  if (entry.revision <= generation.applied) return;
+  generation.applied = entry.revision;
+  const { log } = generation;
+  log.sequences.push(entry.revision);
+  log.keys.push(entry.key);
+  if (log.keys.length >= 2 * CHANGES_KEPT) {
+    log.from = log.sequences[CHANGES_KEPT - 1]!;
+    log.sequences.splice(0, CHANGES_KEPT);
+    log.keys.splice(0, CHANGES_KEPT);
+  }
 }
 
 /** The literal tokens of `filter` before its first wildcard, joined; `undefined` for a key. */

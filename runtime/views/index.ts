@@ -10,11 +10,11 @@ import type { Logger } from "pino";
 import { checkedKey } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
-import { collect, startGeneration, type Generation } from "./generation.ts";
+import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
 
 export { CATCH_UP_MS } from "./freshness.ts";
-export { MARKER_VALUE_BYTES } from "./generation.ts";
+export { CHANGES_KEPT, MARKER_VALUE_BYTES } from "./generation.ts";
 export { RESYNC_MS } from "./resync.ts";
 
 /** A live view and how to stop it. */
@@ -156,13 +156,23 @@ export async function openView(
     return `${view}.${n}.${generation.applied}`;
   };
   let serverReads = 0;
+  /** The keys changed since `stamp`, when it names the load in hand (docs/runtime.md §6.12). */
+  const changedSince = (stamp: string) => {
+    const generation = current!;
+    const [id, load, sequence] = stamp.split(".");
+    if (id !== view || load !== String(loads.get(generation)) || sequence === undefined) return undefined;
+    return changedAfter(generation, Number(sequence));
+  };
+  const localSnapshot = () => ({ stamp: stampOf(current!), reads: local, changedSince });
   return {
     bucket,
     loaded: first.loaded,
     local,
     snapshot: async () =>
-      (await fresh.caughtUp()) ? { stamp: stampOf(current!), reads: local } : { stamp: `${view}.server.${++serverReads}`, reads: server },
-    localSnapshot: () => ({ stamp: stampOf(current!), reads: local }),
+      (await fresh.caughtUp())
+        ? localSnapshot()
+        : { stamp: `${view}.server.${++serverReads}`, reads: server, changedSince: () => undefined },
+    localSnapshot,
     sequence: () => current!.applied,
     confirmedAt: () => fresh.confirmedAt(),
     trouble: () => (resync.reloading() ? `the view of bucket ${bucket} is loading it again; reads go to the server meanwhile` : undefined),

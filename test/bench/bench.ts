@@ -86,6 +86,18 @@ async function watchRead(kv: KV, key = ">"): Promise<number> {
   return count;
 }
 
+/** p50 of `ask` in milliseconds, each of `runs` asked right after `write(i)` was acknowledged (the write not timed). */
+async function afterWrites(write: (i: number) => Promise<unknown>, ask: () => Promise<unknown>, runs = 300): Promise<number> {
+  const times: number[] = [];
+  for (let i = 0; i < runs; i++) {
+    await write(i);
+    const t = performance.now();
+    await ask();
+    times.push(performance.now() - t);
+  }
+  return median(times);
+}
+
 /** p50 and mean of `task` in milliseconds, with tinybench. */
 async function latency(
   tasks: Record<string, () => Promise<unknown>>,
@@ -315,6 +327,16 @@ async function main() {
     "state of one node": () => askVerb(nc, { what: "state", node: "n5" }),
     status: () => askStatusOf(nc),
   });
+  // After each change: one need of another node written (and acknowledged) before each request,
+  // so the model is brought up to date by each (docs/state.md §7.5).
+  const changedStates = await afterWrites(
+    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    () => askVerb(nc, { what: "state", node: "n5" }),
+  );
+  const changedStatus = await afterWrites(
+    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    () => askStatusOf(nc),
+  );
   const statePagedRuns: number[] = [];
   let statePages = 0;
   for (let i = 0; i < 3; i++) {
@@ -348,6 +370,10 @@ async function main() {
     echo: () => askEcho(nc),
     "holders of one provision": () => askVerb(nc, { what: "holders", provision: "few" }),
   });
+  const changedHolders = await afterWrites(
+    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    () => askVerb(nc, { what: "holders", provision: "few" }),
+  );
   const noticed = new Set<string>();
   let lastNotice = 0;
   let releasedAt = 0;
@@ -511,6 +537,7 @@ async function main() {
       pagedAllMs: median(statePagedRuns),
       pages: statePages,
       runs: statePagedRuns,
+      afterWriteP50Ms: { stateOfOneNode: changedStates, status: changedStatus, holders: changedHolders },
       rssWithoutStateBytes: rssWithoutState,
       rssWithStateBytes: rssWithState,
     },
@@ -540,6 +567,9 @@ async function main() {
       states["state of one node"]!.p50 / states.echo!.p50 <= 3,
     ],
     ["status p50 / echo p50", states.status!.p50 / states.echo!.p50, "≤ 5", states.status!.p50 / states.echo!.p50 <= 5],
+    ["(after a write: state of one node p50 / echo p50)", changedStates / states.echo!.p50, "-", true],
+    ["(after a write: status p50 / echo p50)", changedStatus / states.echo!.p50, "-", true],
+    ["(after a write: holders of one provision p50 / echo p50)", changedHolders / holders.echo!.p50, "-", true],
     [
       "every module's state: pages / one unfiltered watch of needs",
       median(statePagedRuns) / watched,
@@ -576,6 +606,10 @@ async function main() {
     [
       "state, 10,000 modules: first request · one node p50 · status p50 · echo p50",
       `${ms(firstStateMs)} · ${ms(states["state of one node"]!.p50)} · ${ms(states.status!.p50)} · ${ms(states.echo!.p50)}`,
+    ],
+    [
+      "each right after one need written: state of one node · status · holders of one provision (p50 of 300)",
+      `${ms(changedStates)} · ${ms(changedStatus)} · ${ms(changedHolders)}`,
     ],
     [`every module's state: pages (${statePages}) · one unfiltered watch of needs`, `${ms(median(statePagedRuns))} · ${ms(watched)}`],
     [
