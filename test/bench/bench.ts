@@ -44,6 +44,8 @@ process.on("exit", () => {
 });
 
 const line = (text: string) => process.stdout.write(`${text}\n`);
+/** How long the set is left idle before each RSS figure of the state, in milliseconds. */
+const IDLE_MS = 10_000;
 const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -313,6 +315,9 @@ async function main() {
     })(),
   );
   line("filled assignments: 10,000 modules");
+  // Both RSS figures after the set was idle a while: what it holds, not the young generation V8
+  // grew under the last requests' garbage (it shrinks it again once idle).
+  await new Promise((r) => setTimeout(r, IDLE_MS));
   const rssWithoutState = rssOf(set.process.pid!);
   const askStatusOf = (conn: NatsConnection) =>
     conn.request(STATUS, encoder.encode("{}"), { timeout: 30_000 }).then((m) => {
@@ -353,6 +358,7 @@ async function main() {
     statePagedRuns.push(performance.now() - t);
     if (count !== NODES * MODULES) throw new Error(`the state pages held ${count} modules`);
   }
+  await new Promise((r) => setTimeout(r, IDLE_MS));
   const rssWithState = rssOf(set.process.pid!);
 
   // 6c. Holders and a rotation (docs/rotation.md §8): a provision of 10 holders among the 100,000

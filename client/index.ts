@@ -1,0 +1,10 @@
+/**
+ * The client library of the mesh (docs/client.md §9): how a node's provisioner client and a
+ * provider use mesh-provisioner, with the key shapes, the need-name rule, the inbox prefix and
+ * the bucket handles the permissions require done here, so a caller never does them by hand.
+ *
+ *     import { connectNode, connectProvider } from "mesh-provisioner/client";
+ */
+export { connectNode, type NodeClient, type NodeOptions, type Placeholders, type RefreshNotice } from "./node.ts";
+export { connectProvider, type ProviderClient, type ProviderOptions, type ReleasedNotice } from "./provider.ts";
+export { ClientArgumentError, MeshRefusal, needOf, usersFile, type Credentials, type MeshOptions } from "./mesh.ts";

@@ -1,0 +1,165 @@
+/**
+ * What node and provider clients share (docs/client.md §9): the connection as the permissions
+ * require it, arguments checked before anything is sent, and asking the set's verbs.
+ */
+import { readFileSync } from "node:fs";
+import { connect, type NatsConnection } from "nats";
+import { z } from "zod";
+import { collectionName, token } from "../functions/_lib/keys.ts";
+
+/** Where the mesh is and who connects. */
+export interface MeshOptions {
+  /** NATS server URLs (`nats://host:port`), one or several. */
+  readonly servers: string | readonly string[];
+  /** The user's name and password on the mesh's server (`mesh-provisioner permissions --credentials` writes them). */
+  readonly credentials: Credentials;
+  /** The seat whose buckets and verbs are used: `mesh-provisioner` unless the set runs under another. */
+  readonly seat?: string;
+  /** The connection's name, as the server's monitoring shows it. */
+  readonly name?: string;
+}
+
+/** A user's name and password. */
+export interface Credentials {
+  readonly user: string;
+  readonly password: string;
+}
+
+/** An argument of the client refused before anything was sent: `argument` names it. */
+export class ClientArgumentError extends TypeError {
+  constructor(
+    readonly argument: string,
+    reason: string,
+  ) {
+    super(`${argument} ${reason}`);
+    this.name = "ClientArgumentError";
+  }
+}
+
+/** A request the set refused (docs/verb.md §4.3): `code` is the HTTP-like status of the service error. */
+export class MeshRefusal extends Error {
+  constructor(
+    readonly code: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "MeshRefusal";
+  }
+}
+
+/** `value` as `schema` reads it, or a {@link ClientArgumentError} naming `argument` and the first issue. */
+export function checked<T>(argument: string, schema: z.ZodType<T>, value: unknown): T {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  const issue = result.error.issues[0]!;
+  const path = issue.path.join(".");
+  throw new ClientArgumentError(argument === "" ? path : path === "" ? argument : `${argument}.${path}`, issue.message);
+}
+
+/** A token argument (docs/buckets.md §2): a node, module, provider, machine, consumer, kind or provision name. */
+export const tokenArg = (argument: string, value: unknown) => checked(argument, token, value);
+/** A collection name argument (docs/buckets.md §2). */
+export const collectionArg = (argument: string, value: unknown) => checked(argument, collectionName, value);
+
+const credentials = z.object({ user: token, password: z.string().min(1, "must not be empty") });
+
+/**
+ * The placeholder `${<kind>:<rest>}` as its need (docs/rotation.md §8.1): kind and name, the
+ * name being `<rest>` with every `:` written `/` (`${bound:postgres:address}` → `bound`,
+ * `postgres/address`). Throws a {@link ClientArgumentError} when it is not a placeholder or its
+ * kind or name is not one token.
+ */
+export function needOf(placeholder: string, argument = "placeholder"): { kind: string; name: string } {
+  const match = typeof placeholder === "string" ? /^\$\{([^:}]*):([^}]*)\}$/.exec(placeholder) : null;
+  if (match === null)
+    throw new ClientArgumentError(argument, `must be a placeholder \${<kind>:<name>}, not ${JSON.stringify(placeholder)}`);
+  const kind = tokenArg(`${argument} ${placeholder}: its kind`, match[1]);
+  const name = tokenArg(`${argument} ${placeholder}: its name`, match[2]!.replaceAll(":", "/"));
+  return { kind, name };
+}
+
+/**
+ * The credentials of `user` in a users file in the shape `mesh-provisioner` writes
+ * (`.state/users.json`, `permissions --credentials`): `{ "<user>": "<password>", … }`. Throws
+ * naming the file and the user when either is missing.
+ */
+export function usersFile(file: string, user: string): Credentials {
+  let users: unknown;
+  try {
+    users = JSON.parse(readFileSync(file, "utf8"));
+  } catch (err) {
+    throw new ClientArgumentError("users file", `${file} cannot be read as JSON: ${(err as Error).message}`);
+  }
+  const password = (users as Record<string, unknown> | null)?.[user];
+  if (typeof password !== "string") throw new ClientArgumentError("user", `${JSON.stringify(user)} is not in ${file}`);
+  return { user, password };
+}
+
+/** The opened connection of a client, its seat and its bucket names. */
+export interface Mesh {
+  readonly nc: NatsConnection;
+  readonly seat: string;
+  /** The stream-backed bucket `<seat>_<name>`. */
+  bucket(name: string): string;
+  /** One request to a verb of the seat (`<seat>.<verb>`): its JSON answer, or a {@link MeshRefusal}. */
+  request(verb: string, body: unknown, timeoutMs?: number): Promise<unknown>;
+}
+
+const decoder = new TextDecoder();
+
+/**
+ * Connects as `options.credentials.user`, with replies on that user's own `_INBOX.<user>`
+ * (the only inbox its permissions let it read, docs/runtime.md §6.7). Throws a
+ * {@link ClientArgumentError} on bad options before connecting, and nats.js's error when the
+ * server refuses.
+ */
+export async function openMesh(options: MeshOptions): Promise<Mesh> {
+  const servers = typeof options.servers === "string" ? [options.servers] : [...(options.servers ?? [])];
+  if (servers.length === 0 || servers.some((s) => typeof s !== "string" || s === "")) {
+    throw new ClientArgumentError("servers", "must be one NATS URL or more");
+  }
+  const { user, password } = checked("credentials", credentials, options.credentials);
+  const seat = tokenArg("seat", options.seat ?? "mesh-provisioner");
+  const nc = await connect({
+    servers,
+    user,
+    pass: password,
+    inboxPrefix: `_INBOX.${user}`,
+    name: options.name ?? `${user} (mesh-provisioner client)`,
+    maxReconnectAttempts: -1,
+    timeout: 5000,
+  });
+  return {
+    nc,
+    seat,
+    bucket: (name) => `${seat}_${name}`,
+    async request(verb, body, timeoutMs = 10_000) {
+      const reply = await nc.request(`${seat}.${verb}`, JSON.stringify(body), { timeout: timeoutMs });
+      const code = reply.headers?.get("Nats-Service-Error-Code");
+      const text = decoder.decode(reply.data);
+      if (code) {
+        const said = (JSON.parse(text || "{}") as { error?: { message?: string } }).error?.message;
+        throw new MeshRefusal(Number(code), said ?? reply.headers?.get("Nats-Service-Error") ?? `refused with ${code}`);
+      }
+      return JSON.parse(text);
+    },
+  };
+}
+
+/** Every entry of a verb's answer across its pages (docs/verb.md §4.5), each page asked after the last. */
+export async function allPages<E>(mesh: Mesh, request: Record<string, unknown>): Promise<{ entries: E[]; outOfShape: unknown[] }> {
+  const entries: E[] = [];
+  const outOfShape: unknown[] = [];
+  let cursor: string | undefined;
+  do {
+    const page = (await mesh.request("provisioning", { ...request, ...(cursor === undefined ? {} : { cursor }) })) as {
+      entries: E[];
+      outOfShape: unknown[];
+      next?: string;
+    };
+    entries.push(...page.entries);
+    outOfShape.push(...page.outOfShape);
+    cursor = page.next;
+  } while (cursor !== undefined);
+  return { entries, outOfShape };
+}

@@ -1,0 +1,178 @@
+/**
+ * A node's provisioner client (docs/client.md §9.1): it writes its own node's needs, applied
+ * records and collection items, hears its rotation notices, and asks the set's verbs.
+ */
+import type { KV, NatsConnection } from "nats";
+import { z } from "zod";
+import { encodeCollection, token } from "../functions/_lib/keys.ts";
+import { refreshSubject } from "../functions/_lib/rotation.ts";
+import { allPages, checked, ClientArgumentError, collectionArg, needOf, openMesh, tokenArg, type Mesh, type MeshOptions } from "./mesh.ts";
+
+/** A node client's options: the mesh, and the node it writes for. The user defaults to the node's name. */
+export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
+  readonly node: string;
+  readonly credentials: { readonly user?: string; readonly password: string };
+}
+
+/**
+ * A module's placeholders: a list of `${<kind>:<rest>}`, or each with what its need's value
+ * holds besides the placeholder (a JSON object; `provider`, when given, the module that
+ * answers it, one token, docs/state.md §7.4).
+ */
+export type Placeholders = readonly string[] | Readonly<Record<string, Readonly<Record<string, unknown>>>>;
+
+/** A rotation notice (docs/rotation.md §8.5): these modules of this node hold a provision rotated to `revision`. */
+export interface RefreshNotice {
+  readonly provider: string;
+  readonly provision: string;
+  readonly revision: string;
+  readonly at: string;
+  readonly modules: readonly string[];
+}
+
+/** What a node client does. Every method checks its arguments before anything is sent and throws a `ClientArgumentError` naming the first bad one. */
+export interface NodeClient {
+  readonly node: string;
+  readonly nc: NatsConnection;
+  /**
+   * Writes the needs of `module` for `placeholders` (`<node>.<module>.<kind>.<name>` of the
+   * needs bucket, docs/rotation.md §8.1), leaving unchanged ones as they are (a rewrite would
+   * make the module pending again), and deletes the module's needs it no longer declares,
+   * keys out of shape included. Returns the keys written, deleted and left.
+   */
+  declare(module: string, placeholders: Placeholders): Promise<{ written: string[]; deleted: string[]; unchanged: string[] }>;
+  /**
+   * Writes the applied record of `module` after a pass (docs/state.md §7.2): `at` now,
+   * `revisions` (provision → revision in use), `error` when the pass failed, and any other
+   * JSON fields. Returns the record's revision.
+   */
+  applied(
+    module: string,
+    record?: { readonly revisions?: Readonly<Record<string, string>>; readonly error?: string; readonly [field: string]: unknown },
+  ): Promise<number>;
+  /** Puts this node's item of `collection` from `contributor` (`<node>.<collection token>.<contributor>`, docs/buckets.md §2). Returns its revision. */
+  contribute(collection: string, contributor: string, item: unknown): Promise<number>;
+  /** Deletes this node's item of `collection` from `contributor`. */
+  withdraw(collection: string, contributor: string): Promise<void>;
+  /** Calls `handler` with each notice on `mesh-provisioner.refresh.<node>` until stopped; a notice out of shape is skipped. */
+  onRefresh(handler: (notice: RefreshNotice) => void | Promise<void>): { stop(): void };
+  /** One page of the verb `mesh-provisioner.provisioning` (docs/verb.md §4); a refusal throws a `MeshRefusal`. */
+  ask(request: Readonly<Record<string, unknown>>): Promise<unknown>;
+  /** The set's status (docs/failing.md §5.6), narrowed as given. */
+  status(narrowing?: { readonly provider?: string; readonly machine?: string; readonly consumer?: string }): Promise<unknown>;
+  /** Drains the connection. */
+  close(): Promise<void>;
+}
+
+const record = z.object({
+  revisions: z.record(token, z.string().min(1, "must name a revision")).optional(),
+  error: z.string().min(1, "must say what failed").optional(),
+});
+const needValue = z.record(z.string(), z.unknown()).refine((v) => v.provider === undefined || token.safeParse(v.provider).success, {
+  message: "provider must be one token (a module's name)",
+});
+const notice = z.object({
+  provider: z.string(),
+  provision: z.string(),
+  revision: z.string(),
+  at: z.string(),
+  modules: z.array(z.string()),
+});
+
+/**
+ * Connects as node `options.node` (docs/client.md §9.1) and opens its buckets as its
+ * permissions allow (bound, direct gets: `<seat>_needs`, `<seat>_applied`, `<seat>_collect`).
+ * Throws a `ClientArgumentError` on bad options, and nats.js's error when the server refuses.
+ */
+export async function connectNode(options: NodeOptions): Promise<NodeClient> {
+  const node = tokenArg("node", options.node);
+  const mesh: Mesh = await openMesh({
+    ...options,
+    credentials: { user: options.credentials?.user ?? node, password: options.credentials?.password } as never,
+  });
+  const js = mesh.nc.jetstream();
+  const buckets = new Map<string, Promise<KV>>();
+  const kv = (name: string) => {
+    let opened = buckets.get(name);
+    if (opened === undefined) buckets.set(name, (opened = js.views.kv(mesh.bucket(name), { bindOnly: true, allow_direct: true })));
+    return opened;
+  };
+  const moduleArg = (module: unknown) => tokenArg("module", module);
+
+  return {
+    node,
+    nc: mesh.nc,
+    async declare(module, placeholders) {
+      moduleArg(module);
+      const list: [string, Readonly<Record<string, unknown>>][] = Array.isArray(placeholders)
+        ? (placeholders as readonly string[]).map((p) => [p, {}])
+        : placeholders !== null && typeof placeholders === "object"
+          ? Object.entries(placeholders as Record<string, Readonly<Record<string, unknown>>>)
+          : (() => {
+              throw new ClientArgumentError("placeholders", "must be a list of placeholders or an object of them");
+            })();
+      const wanted = new Map<string, string>();
+      for (const [placeholder, value] of list) {
+        const { kind, name } = needOf(placeholder, "placeholders:");
+        checked(`placeholders: ${placeholder}`, needValue, value);
+        wanted.set(`${node}.${module}.${kind}.${name}`, JSON.stringify({ placeholder, ...value }));
+      }
+      const held = await allPages<{ key: string; value: unknown }>(mesh, { what: "needs", node, module });
+      const now = new Map(held.entries.map((e) => [e.key, JSON.stringify(e.value)]));
+      const needs = await kv("needs");
+      const written: string[] = [];
+      const unchanged: string[] = [];
+      for (const [key, text] of wanted) {
+        if (now.get(key) === text) {
+          unchanged.push(key);
+          continue;
+        }
+        await needs.put(key, text);
+        written.push(key);
+      }
+      const deleted = [...held.entries.map((e) => e.key), ...(held.outOfShape as { key: string }[]).map((o) => o.key)].filter(
+        (key) => !wanted.has(key),
+      );
+      for (const key of deleted) await needs.delete(key);
+      return { written, deleted, unchanged };
+    },
+    async applied(module, fields = {}) {
+      moduleArg(module);
+      if (fields === null || typeof fields !== "object" || Array.isArray(fields)) {
+        throw new ClientArgumentError("record", "must be an object of the applied record's fields");
+      }
+      checked("record", record, fields);
+      return (await kv("applied")).put(`${node}.${module}`, JSON.stringify({ at: new Date().toISOString(), ...fields }));
+    },
+    async contribute(collection, contributor, item) {
+      const key = `${node}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
+      const text = JSON.stringify(item);
+      if (text === undefined) throw new ClientArgumentError("item", "must be a JSON value");
+      return (await kv("collect")).put(key, text);
+    },
+    async withdraw(collection, contributor) {
+      const key = `${node}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
+      await (await kv("collect")).delete(key);
+    },
+    onRefresh(handler) {
+      if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
+      const sub = mesh.nc.subscribe(refreshSubject(node), {
+        callback: (err, msg) => {
+          if (err) return;
+          let read: unknown;
+          try {
+            read = msg.json();
+          } catch {
+            return;
+          }
+          const parsed = notice.safeParse(read);
+          if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
+        },
+      });
+      return { stop: () => sub.unsubscribe() };
+    },
+    ask: (request) => mesh.request("provisioning", request),
+    status: (narrowing = {}) => mesh.request("status", narrowing),
+    close: () => mesh.nc.drain(),
+  };
+}

@@ -1,0 +1,115 @@
+/**
+ * A provider's client (docs/client.md §9.2): it publishes its failing, recovered and rotated
+ * events through JetStream, hears when a rotation is released, and asks who holds a provision.
+ */
+import type { NatsConnection } from "nats";
+import pRetry, { AbortError } from "p-retry";
+import { z } from "zod";
+import { failingEvent, recoveredEvent } from "../functions/_lib/follower.ts";
+import { releasedSubject, rotatedEvent } from "../functions/_lib/rotation.ts";
+import { allPages, checked, ClientArgumentError, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
+
+/** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
+export interface ProviderOptions extends Omit<MeshOptions, "credentials"> {
+  readonly provider: string;
+  readonly credentials: { readonly user?: string; readonly password: string };
+  /** How many times a publish is tried while JetStream does not answer (a leader being elected, the server away), 5 unless given. */
+  readonly attempts?: number;
+}
+
+/** A release (docs/rotation.md §8.6): no holder uses what came before `revision` any more. */
+export interface ReleasedNotice {
+  readonly provision: string;
+  readonly revision: string;
+  readonly at: string;
+  readonly holders: number;
+}
+
+/** What a provider client does. Every method checks its arguments before anything is sent and throws a `ClientArgumentError` naming the first bad one. */
+export interface ProviderClient {
+  readonly provider: string;
+  readonly nc: NatsConnection;
+  /** Publishes `<provider>.provisioner.failing` `{ machine, consumer, word, at }` (docs/failing.md §5), `at` now. Resolves with the stream's sequence once stored. */
+  failing(machine: string, consumer: string, word: string): Promise<number>;
+  /** Publishes `<provider>.provisioner.recovered` `{ machine, consumer, at }`. Resolves with the stream's sequence once stored. */
+  recovered(machine: string, consumer: string): Promise<number>;
+  /**
+   * Publishes `<provider>.provisioner.rotated` `{ provision, revision, at }` (docs/rotation.md
+   * §8.2), with `machine` and `consumer` when only that holder's credential changed. Resolves
+   * with the stream's sequence once stored.
+   */
+  rotated(provision: string, revision: string, holder?: { readonly machine?: string; readonly consumer?: string }): Promise<number>;
+  /** Calls `handler` with each release on `mesh-provisioner.released.<provider>` until stopped; one out of shape is skipped. */
+  onReleased(handler: (released: ReleasedNotice) => void | Promise<void>): { stop(): void };
+  /** Every holder of `provision` across the mesh (docs/rotation.md §8.1), every page. */
+  holders(provision: string): Promise<unknown[]>;
+  /** Drains the connection. */
+  close(): Promise<void>;
+}
+
+const released = z.object({ provision: z.string(), revision: z.string(), at: z.string(), holders: z.number() });
+
+/**
+ * Connects as provider `options.provider` (docs/client.md §9.2). Throws a `ClientArgumentError`
+ * on bad options, and nats.js's error when the server refuses.
+ */
+export async function connectProvider(options: ProviderOptions): Promise<ProviderClient> {
+  const provider = tokenArg("provider", options.provider);
+  const attempts = checked("attempts", z.number().int().min(1).max(100), options.attempts ?? 5);
+  const mesh = await openMesh({
+    ...options,
+    credentials: { user: options.credentials?.user ?? provider, password: options.credentials?.password } as never,
+  });
+  const js = mesh.nc.jetstream();
+
+  /** Publishes one event, waiting for the stream's acknowledgement; tried again while JetStream does not answer. */
+  const publish = (kind: string, event: unknown) =>
+    pRetry(
+      async () => {
+        try {
+          return (await js.publish(`${provider}.provisioner.${kind}`, JSON.stringify(event), { timeout: 5000 })).seq;
+        } catch (err) {
+          const code = (err as { code?: string }).code;
+          // No responders (503) or no answer: the stream's leader is being elected, or the server is away.
+          if (code === "503" || code === "TIMEOUT") throw err;
+          throw new AbortError(err as Error);
+        }
+      },
+      { retries: attempts - 1, minTimeout: 200, maxTimeout: 3000 },
+    );
+
+  return {
+    provider,
+    nc: mesh.nc,
+    failing: (machine, consumer, word) =>
+      publish("failing", checked("", failingEvent, { machine, consumer, word, at: new Date().toISOString() })),
+    recovered: (machine, consumer) =>
+      publish("recovered", checked("", recoveredEvent, { machine, consumer, at: new Date().toISOString() })),
+    rotated(provision, revision, holder = {}) {
+      if (typeof revision !== "string") throw new ClientArgumentError("revision", "must be a string");
+      const event = { provision, revision, at: new Date().toISOString(), ...holder };
+      return publish("rotated", checked("", rotatedEvent, event));
+    },
+    onReleased(handler) {
+      if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
+      const sub = mesh.nc.subscribe(releasedSubject(provider), {
+        callback: (err, msg) => {
+          if (err) return;
+          let read: unknown;
+          try {
+            read = msg.json();
+          } catch {
+            return;
+          }
+          const parsed = released.safeParse(read);
+          if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
+        },
+      });
+      return { stop: () => sub.unsubscribe() };
+    },
+    async holders(provision) {
+      return (await allPages(mesh, { what: "holders", provision: tokenArg("provision", provision) })).entries;
+    },
+    close: () => mesh.nc.drain(),
+  };
+}

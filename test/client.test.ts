@@ -1,0 +1,196 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  ClientArgumentError,
+  connectNode,
+  connectProvider,
+  MeshRefusal,
+  needOf,
+  type NodeClient,
+  type ProviderClient,
+} from "../client/index.ts";
+import type { Config, Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { startSet, testBus, until } from "./helpers.ts";
+
+let bus: TestBus;
+let set: Running;
+let alder: NodeClient;
+let birch: NodeClient;
+let keycloak: ProviderClient;
+
+const node = (name: string) => connectNode({ servers: bus.url, node: name, credentials: { password: bus.server.users[name]!.password } });
+
+beforeAll(async () => {
+  bus = await testBus({ nodes: ["alder", "birch"], providers: ["keycloak"] });
+  set = await startSet(bus, { rotation: { graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 1 } } as Partial<Config>);
+  alder = await node("alder");
+  birch = await node("birch");
+  keycloak = await connectProvider({
+    servers: bus.url,
+    provider: "keycloak",
+    credentials: { password: bus.server.users.keycloak!.password },
+  });
+});
+afterAll(async () => {
+  await Promise.all([alder?.close(), birch?.close(), keycloak?.close()]);
+  await set?.stop();
+  await bus?.stop();
+});
+
+type Page = { entries: { key: string; value: any; revision: number }[]; outOfShape: { key: string }[] };
+const needsOf = async (client: NodeClient, module: string) => (await client.ask({ what: "needs", node: client.node, module })) as Page;
+
+describe("a node client", () => {
+  it("declares a module's needs by the need-name rule, leaves unchanged ones, deletes those no longer declared", async () => {
+    const first = await alder.declare("gitea", {
+      "${config:db_url}": { file: "/etc/gitea/app.ini" },
+      "${bound:postgres:address}": { file: "/etc/gitea/app.ini", provider: "postgres" },
+      "${secret:admin_password}": {},
+    });
+    expect(first).toEqual({
+      written: ["alder.gitea.config.db_url", "alder.gitea.bound.postgres/address", "alder.gitea.secret.admin_password"],
+      deleted: [],
+      unchanged: [],
+    });
+    const page = await needsOf(alder, "gitea");
+    expect(page.entries.map((e) => [e.key, e.value])).toEqual([
+      [
+        "alder.gitea.bound.postgres/address",
+        { placeholder: "${bound:postgres:address}", file: "/etc/gitea/app.ini", provider: "postgres" },
+      ],
+      ["alder.gitea.config.db_url", { placeholder: "${config:db_url}", file: "/etc/gitea/app.ini" }],
+      ["alder.gitea.secret.admin_password", { placeholder: "${secret:admin_password}" }],
+    ]);
+    const revisions = new Map(page.entries.map((e) => [e.key, e.revision]));
+
+    const second = await alder.declare("gitea", {
+      "${config:db_url}": { file: "/etc/gitea/app.ini" },
+      "${bound:postgres:address}": { file: "/etc/gitea/app.ini", provider: "postgres" },
+    });
+    expect(second).toEqual({
+      written: [],
+      deleted: ["alder.gitea.secret.admin_password"],
+      unchanged: ["alder.gitea.config.db_url", "alder.gitea.bound.postgres/address"],
+    });
+    const after = await needsOf(alder, "gitea");
+    expect(after.entries.map((e) => [e.key, e.revision])).toEqual([
+      ["alder.gitea.bound.postgres/address", revisions.get("alder.gitea.bound.postgres/address")],
+      ["alder.gitea.config.db_url", revisions.get("alder.gitea.config.db_url")],
+    ]);
+    // A list of placeholders alone: each need's value holds its placeholder.
+    expect((await alder.declare("caddy", ["${port:https}"])).written).toEqual(["alder.caddy.port.https"]);
+  });
+
+  it("deletes a key of its module out of shape when it declares again", async () => {
+    const raw = await bus.kv("needs", "alder");
+    await raw.put("alder.stray.config", "{}");
+    expect((await needsOf(alder, "stray")).outOfShape.map((o) => o.key)).toEqual(["alder.stray.config"]);
+    expect(await alder.declare("stray", [])).toEqual({ written: [], deleted: ["alder.stray.config"], unchanged: [] });
+    expect((await needsOf(alder, "stray")).outOfShape).toEqual([]);
+  });
+
+  it("writes the applied record with its revisions, which the module's state and holders read", async () => {
+    await alder.declare("grafana", ["${secret:keycloak:client_secret}"]);
+    const revision = await alder.applied("grafana", { revisions: { keycloak: "k1" } });
+    expect(revision).toBeGreaterThan(0);
+    const applied = (await alder.ask({ what: "applied", node: "alder", module: "grafana" })) as Page;
+    expect(applied.entries[0]!.value).toMatchObject({ revisions: { keycloak: "k1" } });
+    expect(typeof applied.entries[0]!.value.at).toBe("string");
+    const holders = await keycloak.holders("keycloak");
+    expect(holders).toMatchObject([{ key: "alder.grafana.secret.keycloak/client_secret", revision: "k1", stale: false }]);
+  });
+
+  it("contributes and withdraws an item of a collection, its name encoded", async () => {
+    await birch.contribute("shell:zsh:normal", "docker", { alias: "d=docker" });
+    const collect = (await birch.ask({ what: "collect", node: "birch" })) as Page & { entries: { collection: string }[] };
+    expect(collect.entries.map((e) => [e.key, (e as any).collection, e.value])).toEqual([
+      ["birch.shell=3Azsh=3Anormal.docker", "shell:zsh:normal", { alias: "d=docker" }],
+    ]);
+    await birch.withdraw("shell:zsh:normal", "docker");
+    expect(((await birch.ask({ what: "collect", node: "birch" })) as Page).entries).toEqual([]);
+  });
+
+  it("says a refusal of the verb as a MeshRefusal with its code", async () => {
+    const refused = await alder.ask({ what: "wormholes" }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(MeshRefusal);
+    expect((refused as MeshRefusal).code).toBe(400);
+  });
+});
+
+describe("a provider client", () => {
+  it("publishes failing and recovered, which status follows", async () => {
+    expect(await keycloak.failing("alder", "grafana", "invalid_client")).toBeGreaterThan(0);
+    await until(async () => ((await alder.status({ provider: "keycloak" })) as { failing: unknown[] }).failing.length === 1);
+    expect(((await alder.status({ provider: "keycloak" })) as { failing: unknown[] }).failing).toMatchObject([
+      { provider: "keycloak", machine: "alder", consumer: "grafana", word: "invalid_client" },
+    ]);
+    await keycloak.recovered("alder", "grafana");
+    await until(async () => ((await alder.status({ provider: "keycloak" })) as { failing: unknown[] }).failing.length === 0);
+  });
+
+  it("rotates a provision: its holder's node hears the notice, and the provider the release once it caught up", async () => {
+    const notices: unknown[] = [];
+    const releases: unknown[] = [];
+    const refresh = alder.onRefresh((n) => void notices.push(n));
+    const release = keycloak.onReleased((r) => void releases.push(r));
+    await alder.nc.flush();
+    await keycloak.nc.flush();
+    await keycloak.rotated("keycloak", "k2");
+    await until(() => notices.length > 0, 10_000, "the refresh notice");
+    expect(notices[0]).toMatchObject({ provider: "keycloak", provision: "keycloak", revision: "k2", modules: ["grafana"] });
+    expect(releases).toEqual([]);
+    await alder.applied("grafana", { revisions: { keycloak: "k2" } });
+    await until(() => releases.length > 0, 10_000, "the release");
+    expect(releases[0]).toMatchObject({ provision: "keycloak", revision: "k2", holders: 1 });
+    refresh.stop();
+    release.stop();
+  });
+});
+
+describe("bad arguments", () => {
+  it("throw at once, naming the argument, and write nothing", async () => {
+    const refused = async (call: () => unknown) => {
+      try {
+        await call();
+      } catch (err) {
+        expect(err).toBeInstanceOf(ClientArgumentError);
+        return (err as ClientArgumentError).argument;
+      }
+      throw new Error("not refused");
+    };
+    expect(await refused(() => alder.declare("git.ea", []))).toBe("module");
+    expect(await refused(() => alder.declare("", []))).toBe("module");
+    expect(await refused(() => alder.declare("gitea", ["${config}"]))).toBe("placeholders:");
+    expect(await refused(() => alder.declare("gitea", ["${con fig:x}"]))).toBe("placeholders: ${con fig:x}: its kind");
+    expect(await refused(() => alder.declare("gitea", ["${config:a.b}"]))).toBe("placeholders: ${config:a.b}: its name");
+    expect(await refused(() => alder.declare("gitea", { "${bound:redis:address}": { provider: "re*dis" } }))).toBe(
+      "placeholders: ${bound:redis:address}",
+    );
+    expect(await refused(() => alder.applied("gitea", { revisions: { keycloak: 2 as unknown as string } }))).toBe(
+      "record.revisions.keycloak",
+    );
+    expect(await refused(() => alder.applied("gitea", { error: 5 as unknown as string }))).toBe("record.error");
+    expect(await refused(() => alder.contribute("", "docker", {}))).toBe("collection");
+    expect(await refused(() => alder.contribute("shell", "dock>er", {}))).toBe("contributor");
+    expect(await refused(() => keycloak.failing("al der", "grafana", "x"))).toBe("machine");
+    expect(await refused(() => keycloak.failing("alder", "grafana", ""))).toBe("word");
+    expect(await refused(() => keycloak.rotated("keycloak/x", "k3"))).toBe("provision");
+    expect(await refused(() => keycloak.rotated("keycloak", 3 as unknown as string))).toBe("revision");
+    expect(await refused(() => keycloak.rotated("keycloak", "k3", { machine: "alder" }))).toBe("consumer");
+    expect(await refused(() => keycloak.holders("*"))).toBe("provision");
+    expect(await refused(() => connectNode({ servers: bus.url, node: "al.der", credentials: { password: "x" } }))).toBe("node");
+    expect(await refused(() => connectNode({ servers: [], node: "alder", credentials: { password: "x" } }))).toBe("servers");
+    // Nothing of these reached the buckets.
+    expect((await needsOf(alder, "gitea")).entries.map((e) => e.key)).toEqual([
+      "alder.gitea.bound.postgres/address",
+      "alder.gitea.config.db_url",
+    ]);
+    expect(((await alder.ask({ what: "applied", node: "alder", module: "gitea" })) as Page).entries).toEqual([]);
+  });
+
+  it("reads a placeholder as its need", () => {
+    expect(needOf("${bound:postgres:address}")).toEqual({ kind: "bound", name: "postgres/address" });
+    expect(needOf("${shell:zsh:normal}")).toEqual({ kind: "shell", name: "zsh/normal" });
+    expect(() => needOf("config:db_url")).toThrow(ClientArgumentError);
+  });
+});
