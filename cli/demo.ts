@@ -1,118 +1,192 @@
-import type { KV } from "nats";
+import { join } from "node:path";
+import { connectNode, connectProvider, usersFile, type Credentials } from "../client/index.ts";
+import { openMesh } from "../client/mesh.ts";
 import type { Config } from "../runtime/index.ts";
-import { openSession } from "../runtime/index.ts";
-import { assignmentsOf, DEMO_FAILING, DEMO_ROTATION, NODES, recordsOf } from "../demo/mesh.ts";
+import { configPath, openSession } from "../runtime/index.ts";
+import { assignmentsOf, DEMO_FAILING, DEMO_ROTATION, demoMesh, NODES, STRAY } from "../demo/mesh.ts";
 import { HOLDERS } from "../functions/_lib/provisioning.ts";
 import { askAll } from "./ask.ts";
 import { askStatus } from "./status.ts";
 
 export { DEMO_FAILING, DEMO_ROTATION };
 
+/** How long the demo waits for the set to show what it published, in milliseconds. */
+const WAIT_MS = 30_000;
+
+/** Where the demo writes: the servers, and the credentials of each of its users. */
+export interface DemoBus {
+  readonly servers: readonly string[];
+  credentials(user: string): Credentials;
+}
+
+/**
+ * The bus of the demo: on the embedded default, the running embedded server and its users
+ * (`.state/users.json`); on a server of one's own (NATS_URL set), its URLs and the users file
+ * given (the shape of `.state/users.json`, as `npm run cluster` writes one). Throws when
+ * NATS_URL is set and no users file is given, or when no embedded server runs.
+ */
+export async function demoBus(config: Config, users?: string): Promise<DemoBus> {
+  if (config.nats.servers.length > 0) {
+    if (users === undefined) {
+      throw new Error(
+        "on a server of your own, the demo writes as its node, provider and controller users: give their passwords with --users <file> (the shape of .state/users.json; `npm run cluster` writes one)",
+      );
+    }
+    return { servers: config.nats.servers, credentials: (user) => usersFile(users, user) };
+  }
+  const session = await openSession(config, { embedded: "join", name: "mesh-provisioner demo" });
+  const url = session.url;
+  await session.close();
+  const file = users ?? join(configPath(config, config.state), "users.json");
+  return { servers: [url], credentials: (user) => usersFile(file, user) };
+}
+
 /**
  * Writes the demo mesh as the controller and its node clients would: the controller's user
- * puts the assignments, then each node connects with its own node user of the embedded server
- * (or the configured credentials when NATS_URL is set) and puts its own keys of needs, applied
- * and collect. The function set must have run once, so the
- * buckets exist. Returns how many records each node wrote.
+ * puts the assignments, then each node connects with the client library as its own node user
+ * and declares its modules' needs, writes their applied records and its collection items, and
+ * one key out of shape as a client with a bug would. The function set must have run once, so
+ * the buckets exist. Returns how many records each user wrote.
  */
-export async function writeDemo(config: Config): Promise<Record<string, number>> {
+export async function writeDemo(config: Config, bus: DemoBus): Promise<Record<string, number>> {
   const written: Record<string, number> = {};
   // The controller first: its assignments mirror (docs/state.md §7.1).
-  const controller = config.embedded.controllers[0];
-  if (controller !== undefined && config.buckets.assignments !== undefined) {
-    const session = await openSession(config, { embedded: "join", user: controller, name: `${controller} assignments` });
+  const controller = config.embedded.controllers[0] ?? "mesh-controller";
+  if (config.buckets.assignments !== undefined) {
+    const mesh = await openMesh({ servers: bus.servers, credentials: bus.credentials(controller), name: `${controller} assignments` });
     try {
-      const kv = await session.nc.jetstream().views.kv(config.buckets.assignments.bucket, { bindOnly: true, allow_direct: true });
+      const kv = await mesh.nc.jetstream().views.kv(config.buckets.assignments.bucket, { bindOnly: true, allow_direct: true });
       const assignments = assignmentsOf();
       for (const { key, value } of assignments) await kv.put(key, JSON.stringify(value));
       written[controller] = assignments.length;
     } catch (err) {
       throw new Error(`the controller ${controller} could not write its assignments: ${(err as Error).message}`, { cause: err });
     } finally {
-      await session.close();
+      await mesh.nc.drain();
     }
   }
   for (const node of NODES) {
-    const session = await openSession(config, { embedded: "join", user: node, name: `${node} provisioner client` });
+    const client = await connectNode({
+      servers: bus.servers,
+      node,
+      credentials: bus.credentials(node),
+      name: `${node} provisioner client`,
+    });
     try {
-      const js = session.nc.jetstream();
-      const records = recordsOf(node);
-      const kvs = new Map<string, KV>();
-      for (const { bucket, key, value } of records) {
-        if (!kvs.has(bucket)) kvs.set(bucket, await js.views.kv(config.buckets[bucket]!.bucket, { bindOnly: true, allow_direct: true }));
-        await kvs.get(bucket)!.put(key, JSON.stringify(value));
+      let count = 0;
+      for (const step of demoMesh(node)) {
+        if (step.declare !== undefined) count += (await client.declare(step.module, step.declare)).written.length;
+        if (step.applied !== undefined) {
+          await client.applied(step.module, step.applied);
+          count++;
+        }
+        for (const [collection, contributor, item] of step.contribute ?? []) {
+          await client.contribute(collection, contributor, item);
+          count++;
+        }
       }
-      written[node] = records.length;
+      // A client with a bug writes a key out of its bucket's shape (docs/buckets.md §2.3).
+      for (const { key, value } of STRAY[node] ?? []) {
+        const needs = await client.nc.jetstream().views.kv(config.buckets.needs!.bucket, { bindOnly: true, allow_direct: true });
+        await needs.put(key, JSON.stringify(value));
+        count++;
+      }
+      written[node] = count;
     } catch (err) {
       throw new Error(`node ${node} could not write its records: ${(err as Error).message}`, { cause: err });
     } finally {
-      await session.close();
+      await client.close();
     }
   }
   return written;
 }
 
 /**
- * Publishes the demo provider's `failing` or `recovered` (docs/failing.md §5) as the provider's own user,
- * through JetStream, then waits (up to 10 s) until status shows it applied.
+ * Publishes the demo provider's `failing` or `recovered` (docs/failing.md §5) with the client
+ * library as the provider's own user, then waits (up to 30 s) until status shows it applied.
  */
-export async function publishDemoEvent(config: Config, kind: "failing" | "recovered"): Promise<void> {
+export async function publishDemoEvent(bus: DemoBus, kind: "failing" | "recovered"): Promise<void> {
   const { provider, machine, consumer, word } = DEMO_FAILING;
-  const session = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
+  const client = await connectProvider({
+    servers: bus.servers,
+    provider,
+    credentials: bus.credentials(provider),
+    name: `${provider} provider`,
+  });
   try {
-    const event = { machine, consumer, at: new Date().toISOString(), ...(kind === "failing" ? { word } : {}) };
-    await session.nc.jetstream().publish(`${provider}.provisioner.${kind}`, JSON.stringify(event));
-    const deadline = Date.now() + 10_000;
+    if (kind === "failing") await client.failing(machine, consumer, word);
+    else await client.recovered(machine, consumer);
+    const deadline = Date.now() + WAIT_MS;
     for (;;) {
-      const { failing } = await askStatus(session.nc, { provider, machine, consumer });
+      const { failing } = await askStatus(client.nc, { provider, machine, consumer });
       if (failing.length === (kind === "failing" ? 1 : 0)) return;
-      if (Date.now() > deadline) throw new Error(`the ${kind} of ${provider} was published but status does not show it after 10 s`);
+      if (Date.now() > deadline)
+        throw new Error(`the ${kind} of ${provider} was published but status does not show it after ${WAIT_MS / 1000} s`);
       await new Promise((r) => setTimeout(r, 100));
     }
   } finally {
-    await session.close();
+    await client.close();
   }
 }
 
 /**
- * Publishes the demo's rotation (docs/rotation.md §8.2) as keycloak's user, through JetStream,
- * then waits (up to 10 s) until its holder is stale.
+ * Publishes the demo's rotation (docs/rotation.md §8.2) with the client library as keycloak's
+ * user, then waits (up to 30 s) until its holder is stale.
  */
-export async function publishDemoRotation(config: Config): Promise<void> {
+export async function publishDemoRotation(bus: DemoBus): Promise<void> {
   const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
-  const session = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
+  const client = await connectProvider({
+    servers: bus.servers,
+    provider,
+    credentials: bus.credentials(provider),
+    name: `${provider} provider`,
+  });
   try {
-    const event = { provision, revision, machine, consumer, at: new Date().toISOString() };
-    await session.nc.jetstream().publish(`${provider}.provisioner.rotated`, JSON.stringify(event));
-    const deadline = Date.now() + 10_000;
+    await client.rotated(provision, revision, { machine, consumer });
+    const deadline = Date.now() + WAIT_MS;
     for (;;) {
-      const { entries } = await askAll(session.nc, { what: HOLDERS, provision, node: machine });
+      const { entries } = await askAll(client.nc, { what: HOLDERS, provision, node: machine });
       if ((entries as unknown as { module: string; stale: boolean }[]).some((h) => h.module === consumer && h.stale)) return;
-      if (Date.now() > deadline) throw new Error(`the rotation of ${provision} was published but its holder is not stale after 10 s`);
+      if (Date.now() > deadline)
+        throw new Error(`the rotation of ${provision} was published but its holder is not stale after ${WAIT_MS / 1000} s`);
       await new Promise((r) => setTimeout(r, 100));
     }
   } finally {
-    await session.close();
+    await client.close();
   }
 }
 
 /**
  * Catches the demo's holder up (docs/rotation.md §8.3): dogwood's client writes grafana's applied
- * record with the new revision, and keycloak waits (up to 10 s) for the release it is then sent.
+ * record with the new revision, and keycloak waits (up to 30 s) for the release it is then sent.
  * Returns the release.
  */
-export async function catchUpDemo(config: Config): Promise<unknown> {
+export async function catchUpDemo(bus: DemoBus): Promise<unknown> {
   const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
-  const listener = await openSession(config, { embedded: "join", user: provider, name: `${provider} provider` });
-  const node = await openSession(config, { embedded: "join", user: machine, name: `${machine} provisioner client` });
+  const listener = await connectProvider({
+    servers: bus.servers,
+    provider,
+    credentials: bus.credentials(provider),
+    name: `${provider} provider`,
+  });
+  const node = await connectNode({
+    servers: bus.servers,
+    node: machine,
+    credentials: bus.credentials(machine),
+    name: `${machine} provisioner client`,
+  });
   try {
-    const released = listener.nc.subscribe(`mesh-provisioner.released.${provider}`, { max: 1, timeout: 10_000 });
+    const released = new Promise<unknown>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no release of ${provision} within ${WAIT_MS / 1000} s`)), WAIT_MS);
+      listener.onReleased((r) => {
+        clearTimeout(timer);
+        resolve(r);
+      });
+    });
     await listener.nc.flush();
-    const record = recordsOf(machine).find((r) => r.bucket === "applied" && r.key === `${machine}.${consumer}`)!;
-    const applied = await node.nc.jetstream().views.kv(config.buckets.applied!.bucket, { bindOnly: true, allow_direct: true });
-    await applied.put(record.key, JSON.stringify({ ...(record.value as object), revisions: { [provision]: revision } }));
-    for await (const m of released) return m.json();
-    throw new Error(`no release of ${provision} within 10 s`);
+    const step = demoMesh(machine).find((s) => s.module === consumer && s.applied !== undefined)!;
+    await node.applied(consumer, { ...step.applied, revisions: { [provision]: revision } });
+    return await released;
   } finally {
     await node.close();
     await listener.close();

@@ -22,7 +22,7 @@ import {
 import { DEFAULT_WHAT, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
-import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
+import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, demoBus, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
 import { formatHolders, formatRotations } from "./rotation.ts";
 import { askStates, formatStates } from "./state.ts";
 import { askStatus, formatStatus } from "./status.ts";
@@ -283,13 +283,13 @@ program
     "--catch-up",
     `only catch ${DEMO_ROTATION.consumer} on ${DEMO_ROTATION.machine} up with the rotated credential, then print the release`,
   )
-  .action(async (options: { recover?: boolean; catchUp?: boolean }) => {
+  .option(
+    "--users <file>",
+    "the passwords of the demo's node, provider and controller users (the shape of .state/users.json): needed on a server of your own (NATS_URL)",
+  )
+  .action(async (options: { recover?: boolean; catchUp?: boolean; users?: string }) => {
     const cfg = await config();
-    if (cfg.nats.servers.length > 0) {
-      throw new Error(
-        "the demo writes as the embedded nats-server's node and provider users: unset NATS_URL and run it on the embedded default",
-      );
-    }
+    const bus = await demoBus(cfg, options.users);
     const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
     const { provider, machine, consumer } = DEMO_FAILING;
     const showStatus = async () => {
@@ -298,13 +298,13 @@ program
     };
     try {
       if (options.recover) {
-        await publishDemoEvent(cfg, "recovered");
+        await publishDemoEvent(bus, "recovered");
         console.log(`${provider}: published ${provider}.provisioner.recovered for ${consumer} on ${machine}`);
         await showStatus();
         return;
       }
       if (options.catchUp) {
-        const released = await catchUpDemo(cfg);
+        const released = await catchUpDemo(bus);
         console.log(
           `${DEMO_ROTATION.machine}: wrote ${DEMO_ROTATION.consumer}'s applied record with ${DEMO_ROTATION.provision} at ${DEMO_ROTATION.revision}`,
         );
@@ -315,7 +315,7 @@ program
         );
         return;
       }
-      const written = await writeDemo(cfg);
+      const written = await writeDemo(cfg, bus);
       for (const [user, count] of Object.entries(written)) {
         console.log(
           cfg.embedded.controllers.includes(user)
@@ -323,7 +323,7 @@ program
             : `${user}: wrote ${count} records as node ${user}`,
         );
       }
-      await publishDemoEvent(cfg, "failing");
+      await publishDemoEvent(bus, "failing");
       console.log(`${provider}: published ${provider}.provisioner.failing for ${consumer} on ${machine}`);
       for (const request of [
         { what: "registry" },
@@ -334,7 +334,7 @@ program
         console.log(`\n$ ask ${JSON.stringify(request)}`);
         console.log(formatAnswer((await askAll(session.nc, request)) as Parameters<typeof formatAnswer>[0]));
       }
-      await publishDemoRotation(cfg);
+      await publishDemoRotation(bus);
       const { provider: rotator, provision, revision, machine: at, consumer: holder } = DEMO_ROTATION;
       console.log(`\n${rotator}: published ${rotator}.provisioner.rotated: ${provision} at ${revision} for ${holder} on ${at}`);
       console.log(`\n$ holders ${provision}`);

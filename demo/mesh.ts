@@ -2,14 +2,6 @@
  * A small realistic mesh, as its node clients would record it: 4 nodes, 14 modules, needs of
  * every kind of docs/registry.md §3, applied records and collections. Keys follow docs/buckets.md §2.
  */
-import { encodeCollection } from "../functions/_lib/keys.ts";
-
-/** One record a node client writes: bucket (by config name), key, JSON value. */
-export interface DemoRecord {
-  readonly bucket: "needs" | "applied" | "collect";
-  readonly key: string;
-  readonly value: unknown;
-}
 
 interface Placement {
   readonly module: string;
@@ -200,24 +192,16 @@ export const CASES = {
   unassigned: { node: "alder", module: "old-backup" },
 } as const;
 
-/** Needs beyond the placements' files: a kind no domain answers, providers named (not assigned anywhere, not ready). */
-const EXTRA_NEEDS: Readonly<Record<string, readonly DemoRecord[]>> = {
-  birch: [
-    { bucket: "needs", key: "birch.gitea.wormhole.exit", value: { placeholder: "${wormhole:exit}", file: "/etc/gitea/app.ini" } },
-    {
-      bucket: "needs",
-      key: "birch.gitea.bound.redis/address",
-      value: { placeholder: "${bound:redis:address}", file: "/etc/gitea/app.ini", provider: "redis" },
+/** Needs beyond the placements' files, by node and module: a kind no domain answers, providers named (not assigned anywhere, not ready). */
+const EXTRA_NEEDS: Readonly<Record<string, Readonly<Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>>>>> = {
+  birch: {
+    gitea: {
+      "${wormhole:exit}": { file: "/etc/gitea/app.ini" },
+      "${bound:redis:address}": { file: "/etc/gitea/app.ini", provider: "redis" },
     },
-    {
-      bucket: "needs",
-      key: "birch.docker.seat.mesh-artifact-store/reach",
-      value: { placeholder: "${seat:mesh-artifact-store:reach}", file: "/etc/docker/daemon.json", provider: "mesh-artifact-store" },
-    },
-  ],
-  alder: [
-    { bucket: "needs", key: "alder.old-backup.dir.archive", value: { placeholder: "${dir:archive}", file: "/etc/restic/restic.env" } },
-  ],
+    docker: { "${seat:mesh-artifact-store:reach}": { file: "/etc/docker/daemon.json", provider: "mesh-artifact-store" } },
+  },
+  alder: { "old-backup": { "${dir:archive}": { file: "/etc/restic/restic.env" } } },
 };
 
 /** The controller's assignments (`<node>.<module>`): every placed module but the one left behind, and the one that never ran. */
@@ -229,58 +213,58 @@ export function assignmentsOf(): { key: string; value: unknown }[] {
     .map((key) => ({ key, value: { module: key.split(".")[1], plan: "as the controller placed it" } }));
 }
 
-/** Records out of their bucket's shape, as a client with a bug would write them. */
-const STRAY: Readonly<Record<string, readonly DemoRecord[]>> = {
-  dogwood: [{ bucket: "needs", key: "dogwood.grafana.config", value: { placeholder: "${config}" } }],
+/** Records out of their bucket's shape, as a client with a bug would write them (of the needs bucket). */
+export const STRAY: Readonly<Record<string, readonly { key: string; value: unknown }[]>> = {
+  dogwood: [{ key: "dogwood.grafana.config", value: { placeholder: "${config}" } }],
 };
 
 const APPLIED_AT = "2026-11-29T08:00:00.000Z";
 
-/** A placeholder's kind and its name as a key token (`:` in the name written `/`). */
-function parsePlaceholder(placeholder: string): { kind: string; name: string } {
-  const body = placeholder.slice(2, -1);
-  const colon = body.indexOf(":");
-  return { kind: body.slice(0, colon), name: body.slice(colon + 1).replaceAll(":", "/") };
+/** One step of a node's client in the demo: declare a module's placeholders, write its applied record, contribute items. */
+export interface DemoStep {
+  readonly module: string;
+  /** Each placeholder with what its need's value holds besides it. */
+  readonly declare?: Readonly<Record<string, Readonly<Record<string, unknown>>>>;
+  readonly applied?: Readonly<Record<string, unknown>> & { readonly error?: string };
+  /** Collection, contributor, item. */
+  readonly contribute?: readonly (readonly [string, string, unknown])[];
 }
 
-/** Every record of the demo mesh written by `node`'s client. */
-export function recordsOf(node: string): DemoRecord[] {
-  const records: DemoRecord[] = [];
-  const extra = EXTRA_NEEDS[node] ?? [];
+/** What `node`'s client does in the demo, in order (docs/client.md §9.1). */
+export function demoMesh(node: string): DemoStep[] {
+  const steps: DemoStep[] = [];
   const placements = [
     ...(PLACEMENTS[node] ?? []),
     ...(node === CASES.unassigned.node ? [{ module: CASES.unassigned.module, needs: {} }] : []),
     ...(node === CASES.declaresNothing.node ? [{ module: CASES.declaresNothing.module, needs: {} }] : []),
   ];
   for (const { module, needs } of placements) {
-    const applied: DemoRecord = {
-      bucket: "applied",
-      key: `${node}.${module}`,
-      value: {
-        at: APPLIED_AT,
-        placeholders: Object.keys(needs).length,
-        files: [...new Set(Object.values(needs))],
-        ...(node === CASES.failed.node && module === CASES.failed.module ? { error: CASES.failed.error } : {}),
-      },
+    const declare = {
+      ...Object.fromEntries(Object.entries(needs).map(([placeholder, file]) => [placeholder, { file }])),
+      ...(EXTRA_NEEDS[node]?.[module] ?? {}),
+    };
+    const applied = {
+      at: APPLIED_AT,
+      placeholders: Object.keys(needs).length,
+      files: [...new Set(Object.values(needs))],
+      ...(node === CASES.failed.node && module === CASES.failed.module ? { error: CASES.failed.error } : {}),
     };
     // The pending module's client wrote its applied record, then new needs it has not applied yet.
     const pending = node === CASES.pending.node && module === CASES.pending.module;
-    if (pending) records.push(applied);
-    for (const [placeholder, file] of Object.entries(needs)) {
-      const { kind, name } = parsePlaceholder(placeholder);
-      const key = `${node}.${module}.${kind}.${name}`;
-      if (extra.some((r) => r.key === key)) continue;
-      records.push({ bucket: "needs", key, value: { placeholder, file } });
-    }
-    records.push(...extra.filter((r) => r.key.startsWith(`${node}.${module}.`)));
-    if (!pending) records.push(applied);
+    steps.push(
+      ...(pending
+        ? [
+            { module, applied },
+            { module, declare },
+          ]
+        : [{ module, declare, applied }]),
+    );
   }
-  for (const [collection, items] of Object.entries(COLLECTIONS[node] ?? {})) {
-    for (const [contributor, item] of Object.entries(items)) {
-      records.push({ bucket: "collect", key: `${node}.${encodeCollection(collection)}.${contributor}`, value: item });
-    }
-  }
-  return [...records, ...(STRAY[node] ?? [])];
+  const contribute = Object.entries(COLLECTIONS[node] ?? {}).flatMap(([collection, items]) =>
+    Object.entries(items).map(([contributor, item]) => [collection, contributor, item] as const),
+  );
+  if (contribute.length > 0) steps.push({ module: "", contribute });
+  return steps;
 }
 
 /** The nodes of the demo mesh. */

@@ -1,4 +1,5 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { promisify } from "node:util";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { JetStreamClient, KV, NatsConnection } from "nats";
@@ -11,6 +12,7 @@ import { OPERATOR, startTestCluster, type TestCluster } from "../runtime/testing
 import { projectConfig, request, ROOT, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
+const run = promisify(execFile);
 /** How long an event a replica holds may go unacknowledged before the other gets it (the config's default is 30). */
 const ACK_WAIT_SECONDS = 3;
 const EVENTS = "mesh-provisioner_events";
@@ -273,5 +275,33 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     expect((await eventRuns(b.httpUrl)) - runsBefore).toBeGreaterThan(300);
     const asked = await request(birch, STATUS, { machine: "takeover" });
     expect([asked.errorCode, asked.body.failing?.length]).toEqual([undefined, 600]);
+  }, 90_000);
+});
+
+describe("the demo on a cluster of one's own", () => {
+  it("writes through the client library as the users of the file it is given, and says so", async () => {
+    const users = join(dir, "users.json");
+    writeFileSync(users, JSON.stringify(Object.fromEntries(Object.entries(tc.cluster.users).map(([u, c]) => [u, c.password]))), {
+      mode: 0o600,
+    });
+    const env = {
+      ...process.env,
+      NATS_URL: tc.cluster.urls.join(","),
+      NATS_USER: tc.cluster.seat.user,
+      NATS_PASSWORD: tc.cluster.seat.password,
+      LOG_LEVEL: "warn",
+    };
+    const config = join(dir, "wrangler-free.config.ts");
+    const refused = await run("node", [BIN, "-c", config, "demo"], { cwd: ROOT, env }).catch(
+      (err: { code: number; stderr: string }) => err,
+    );
+    expect((refused as { code: number }).code).toBe(1);
+    expect((refused as { stderr: string }).stderr).toContain("give their passwords with --users <file>");
+    const { stdout } = await run("node", [BIN, "-c", config, "demo", "--users", users], { cwd: ROOT, env, timeout: 60_000 });
+    expect(stdout).toContain("mesh-controller: wrote 21 assignments as the controller");
+    expect(stdout).toMatch(/^birch: wrote \d+ records as node birch$/m);
+    expect(stdout).toContain("keycloak: published keycloak.provisioner.failing for grafana on dogwood");
+    const gitea = await request(birch, VERB, { what: "needs", node: "birch", module: "gitea" });
+    expect(gitea.body.entries.map((e: { key: string }) => e.key)).toContain("birch.gitea.bound.redis/address");
   }, 90_000);
 });

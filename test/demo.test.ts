@@ -1,11 +1,28 @@
 import { describe, expect, it } from "vitest";
 import { decodeKey } from "../functions/_lib/keys.ts";
 import { compileTable, registryTable } from "../functions/_lib/registry.ts";
-import { NODES, recordsOf } from "../demo/mesh.ts";
+import { needOf } from "../client/index.ts";
+import { encodeCollection } from "../functions/_lib/keys.ts";
+import { demoMesh, NODES, STRAY } from "../demo/mesh.ts";
 import { projectConfig } from "./helpers.ts";
 
 describe("the demo mesh", () => {
-  const records = NODES.flatMap((node) => recordsOf(node).map((record) => ({ node, ...record })));
+  // The keys each node's client writes through the client library, and its stray ones.
+  const records = NODES.flatMap((node) => [
+    ...demoMesh(node).flatMap((step) => [
+      ...Object.keys(step.declare ?? {}).map((placeholder) => {
+        const { kind, name } = needOf(placeholder);
+        return { node, bucket: "needs", key: `${node}.${step.module}.${kind}.${name}` };
+      }),
+      ...(step.applied === undefined ? [] : [{ node, bucket: "applied", key: `${node}.${step.module}` }]),
+      ...(step.contribute ?? []).map(([collection, contributor]) => ({
+        node,
+        bucket: "collect",
+        key: `${node}.${encodeCollection(collection)}.${contributor}`,
+      })),
+    ]),
+    ...(STRAY[node] ?? []).map(({ key }) => ({ node, bucket: "needs", key })),
+  ]);
 
   it("has 4 nodes, each a user of the embedded server, writing only its own keys", async () => {
     expect(NODES).toEqual((await projectConfig()).embedded.nodes);
