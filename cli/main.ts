@@ -226,6 +226,12 @@ program
       ].join("\n"),
       { mode: 0o600 },
     );
+    // The users' passwords, for clients and the demo on this cluster (`demo --users`).
+    const usersFile = join(dir, "users.json");
+    const passwords = Object.fromEntries(
+      [cluster.seat, ...Object.values(cluster.users)].map((credentials) => [credentials.user, credentials.password]),
+    );
+    writeFileSync(usersFile, JSON.stringify(passwords, null, 2), { mode: 0o600 });
     const shown = relative(process.cwd(), dir) || dir;
     console.error(
       [
@@ -237,6 +243,9 @@ program
         `Its URLs, the seat's user and replicas ${replicas} are in ${join(shown, "env")}. Start replicas of the set on it,`,
         "each in a terminal of its own:",
         `  set -a; . ${join(shown, "env")}; set +a; HTTP_PORT=0 npm start`,
+        "",
+        `Its users' passwords are in ${join(shown, "users.json")}; the demo writes on it as they would:`,
+        `  set -a; . ${join(shown, "env")}; set +a; npm run demo -- --users ${join(shown, "users.json")}`,
         "",
         "Ctrl-C stops the cluster; its stores stay for the next start.",
       ].join("\n"),
