@@ -1,4 +1,4 @@
-import { writeFileSync } from "node:fs";
+import { rmSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import {
@@ -24,6 +24,7 @@ import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
 import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, demoBus, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
 import { formatHolders, formatRotations } from "./rotation.ts";
+import { onStopSignals } from "./signals.ts";
 import { askStates, formatStates } from "./state.ts";
 import { askStatus, formatStatus } from "./status.ts";
 
@@ -51,8 +52,8 @@ program
         },
       );
     const log = createLogger();
-    const onSignal = (signal: NodeJS.Signals) => {
-      if (stopping) process.exit(130); // a second signal: at once (the exit hook kills the child)
+    // A later signal exits at once, 130 (the exit hook kills the embedded server).
+    onStopSignals((signal) => {
       stopping = true;
       log.info({ signal }, "signal: stopping");
       if (running !== undefined) return void shutdown(running);
@@ -61,8 +62,7 @@ program
         log.error(`start did not end within ${STOP_GRACE_MS / 1000} s of the signal; exiting`);
         process.exit(1); // the exit hook stops the embedded server
       }, STOP_GRACE_MS).unref();
-    };
-    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
+    });
     running = await start({ config: await config(), log });
     if (stopping) return void shutdown(running);
     // stdout carries only log lines; the banner is for whoever watches the terminal.
@@ -206,14 +206,12 @@ program
     const dir = join(configPath(cfg, cfg.state), "cluster");
     const users = authorization(cfg, await loadFunctions(cfg), cfg.embedded);
     const cluster = await startCluster({ stateDir: dir, users, size: options.size, name: cfg.seat });
-    let stopping = false;
-    const onSignal = () => {
-      if (stopping) process.exit(130);
-      stopping = true;
-      void cluster.stop().then(() => process.exit(0));
-    };
-    for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
     const env = join(dir, "env");
+    // Its ports die with it: the env file goes first, so nothing starts on them meanwhile.
+    onStopSignals(() => {
+      rmSync(env, { force: true });
+      void cluster.stop().then(() => process.exit(0));
+    });
     const replicas = Math.min(3, options.size);
     writeFileSync(
       env,
@@ -247,7 +245,7 @@ program
         `Its users' passwords are in ${join(shown, "users.json")}; the demo writes on it as they would:`,
         `  set -a; . ${join(shown, "env")}; set +a; npm run demo -- --users ${join(shown, "users.json")}`,
         "",
-        "Ctrl-C stops the cluster; its stores stay for the next start.",
+        `Ctrl-C stops the cluster and removes ${join(shown, "env")}; its stores stay for the next start.`,
       ].join("\n"),
     );
   });

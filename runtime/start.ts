@@ -49,11 +49,14 @@ export interface Running {
   stop(): Promise<void>;
 }
 
-/** The version in the `package.json` beside the config, for the NATS service; `0.0.0` if none. */
-function versionOf(config: Config): string {
+/**
+ * The NATS service's version and description (docs/runtime.md §6.3.1): those of the
+ * `package.json` beside the config; `0.0.0`, and a sentence naming the seat, when it has none.
+ */
+function serviceOf(config: Config): { readonly version: string; readonly description: string } {
   const file = join(config.root, "package.json");
-  if (!existsSync(file)) return "0.0.0";
-  return (JSON.parse(readFileSync(file, "utf8")) as { version?: string }).version ?? "0.0.0";
+  const pkg = existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as { version?: string; description?: string }) : {};
+  return { version: pkg.version ?? "0.0.0", description: pkg.description || `The function set of the seat ${config.seat}.` };
 }
 
 /**
@@ -204,7 +207,7 @@ export async function start(options: StartOptions): Promise<Running> {
       log,
       run: opened.run,
       claim: opened.records.claim,
-      version: versionOf(config),
+      service: serviceOf(config),
       graceMs,
       probes: {
         live: () => (lost === undefined ? [] : [lost]),

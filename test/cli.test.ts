@@ -6,7 +6,7 @@ import { connect } from "nats";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
-import { ROOT } from "./helpers.ts";
+import { ROOT, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const run = promisify(execFile);
@@ -43,18 +43,75 @@ async function cli(config: string, args: string[], env: NodeJS.ProcessEnv = {}) 
   }
 }
 
+/**
+ * A project folder with one function, `slow` on `probe.slow`, which writes `slow: in hand` on
+ * stderr when it starts and answers `{ late: true }` after `ms`.
+ */
+function slowProject(ms: number): { dir: string; config: string } {
+  mkdirSync(join(ROOT, ".tmp"), { recursive: true });
+  const dir = mkdtempSync(join(ROOT, ".tmp", "project-"));
+  mkdirSync(join(dir, "functions"));
+  writeFileSync(
+    join(dir, "functions", "slow.ts"),
+    `import { defineFunction } from ${JSON.stringify(join(ROOT, "runtime", "index.ts"))};
+export default defineFunction({
+  description: "Answers after ${ms} ms.",
+  triggers: [{ subject: "probe.slow" }],
+  handler: async () => {
+    process.stderr.write("slow: in hand\\n");
+    await new Promise((r) => setTimeout(r, ${ms}));
+    return { late: true };
+  },
+});
+`,
+  );
+  const config = join(dir, "wrangler-free.config.ts");
+  writeFileSync(
+    config,
+    `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
+      `const { registry: _, alerts: __, provisioning: ___, rotation: ____, ...rest } = base as Record<string, unknown>;\n` +
+      `export default { ...rest, functions: "functions", state: "state" };\n`,
+  );
+  return { dir, config };
+}
+
+/** The seat's connection to the embedded server of a project folder. */
+function seatOf(dir: string) {
+  const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { url: string };
+  const password = (JSON.parse(readFileSync(join(dir, "state", "users.json"), "utf8")) as Record<string, string>)["mesh-provisioner"];
+  return connect({ servers: marker.url, user: "mesh-provisioner", pass: password, inboxPrefix: "_INBOX.mesh-provisioner" });
+}
+
 interface Started {
   readonly child: ChildProcess;
   readonly banner: string;
-  /** The exit code, or the signal that ended the process. */
+  /** What it wrote on stdout so far: the log lines (and npm's own, through npm). */
+  readonly stdout: () => string;
+  /** What it wrote on stderr so far. */
+  readonly stderr: () => string;
+  /** The exit code, or the signal that ended the process; once its output is read to the end. */
   readonly exited: Promise<number | string | null>;
 }
 
-/** `mesh-provisioner start` (or `npm start`), resolved once it printed its functions. */
-function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): Promise<Started> {
-  const [command, args] = viaNpm ? ["npm", ["start", "--", "-c", config]] : ["node", [BIN, "-c", config, "start"]];
-  const child = spawn(command, args, { env: cleanEnv(env), cwd: ROOT });
-  const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
+interface StartOptions {
+  readonly env?: NodeJS.ProcessEnv;
+  /** `start` by default. */
+  readonly command?: "start" | "cluster";
+  /** Through the package's npm script (`npm start`, `npm run cluster`), as a user runs it. */
+  readonly viaNpm?: boolean;
+  /** In a process group of its own, so a signal can reach the whole group, as from a terminal or a supervisor. */
+  readonly group?: boolean;
+  /** What on stderr says it is ready: by default the start banner's last function. */
+  readonly ready?: RegExp;
+}
+
+/** `mesh-provisioner start` (or `npm start`, or the cluster), resolved once it printed its banner. */
+function startCli(config: string, options: StartOptions = {}): Promise<Started> {
+  const { command = "start", viaNpm = false, group = false, ready = /\n {2}status .*\n/ } = options;
+  const [bin, args] = viaNpm ? ["npm", ["run", command, "--", "-c", config]] : ["node", [BIN, "-c", config, command]];
+  const child = spawn(bin, args, { env: cleanEnv(options.env), cwd: ROOT, detached: group });
+  if (group) groups.push(child);
+  const exited = new Promise<number | string | null>((resolve) => child.once("close", (code, signal) => resolve(code ?? signal)));
   let out = "";
   let err = "";
   child.stdout!.on("data", (d) => (out += d));
@@ -62,16 +119,36 @@ function startCli(config: string, env: NodeJS.ProcessEnv = {}, viaNpm = false): 
     // The banner goes to stderr: stdout holds only log lines.
     child.stderr!.on("data", (d) => {
       err += d;
-      if (/\n  status .*\n/.test(err)) resolve({ child, banner: err, exited }); // the banner's last function
+      if (ready.test(err)) resolve({ child, banner: err, stdout: () => out, stderr: () => err, exited });
     });
-    void exited.then((code) => reject(new Error(`start exited (${code}): ${err}${out}`)));
+    void exited.then((code) => reject(new Error(`${command} exited (${code}): ${err}${out}`)));
   });
 }
 
+/** The `msg` of each JSON log line of a process's stdout, from its line `started` on. */
+const messagesSinceStarted = (stdout: string): string[] => {
+  const messages = stdout
+    .split("\n")
+    .filter((line) => line.startsWith("{"))
+    .map((line) => (JSON.parse(line) as { msg: string }).msg);
+  return messages.slice(messages.indexOf("started"));
+};
+
 const children: ChildProcess[] = [];
+/** Children leading a process group of their own: a failed test kills the whole group. */
+const groups: ChildProcess[] = [];
 const dirs: string[] = [];
 afterEach(() => {
   for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
+  for (const child of groups.splice(0)) {
+    if (child.exitCode === null && child.signalCode === null) {
+      try {
+        process.kill(-child.pid!, "SIGKILL");
+      } catch {
+        // the group is gone already
+      }
+    }
+  }
 });
 afterAll(() => {
   for (const dir of dirs) {
@@ -205,7 +282,7 @@ describe("the embedded default, end to end", () => {
   it("stops with its nats-server when `npm start` is sent SIGTERM", async () => {
     const { dir, config } = project();
     dirs.push(dir);
-    const started = await startCli(config, {}, true);
+    const started = await startCli(config, { viaNpm: true });
     children.push(started.child);
     const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number; owner: number };
     started.child.kill("SIGTERM");
@@ -215,50 +292,18 @@ describe("the embedded default, end to end", () => {
   });
 
   it("answers a slow request in hand when sent SIGTERM, then exits 0 with its nats-server stopped", async () => {
-    mkdirSync(join(ROOT, ".tmp"), { recursive: true });
-    const dir = mkdtempSync(join(ROOT, ".tmp", "project-"));
+    const { dir, config } = slowProject(1500);
     dirs.push(dir);
-    mkdirSync(join(dir, "functions"));
-    writeFileSync(
-      join(dir, "functions", "slow.ts"),
-      `import { defineFunction } from ${JSON.stringify(join(ROOT, "runtime", "index.ts"))};
-export default defineFunction({
-  description: "Answers after 1.5 s.",
-  triggers: [{ subject: "probe.slow" }],
-  handler: async () => {
-    await new Promise((r) => setTimeout(r, 1500));
-    return { late: true };
-  },
-});
-`,
-    );
-    const config = join(dir, "wrangler-free.config.ts");
-    writeFileSync(
-      config,
-      `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
-        `const { registry: _, alerts: __, provisioning: ___, rotation: ____, ...rest } = base as Record<string, unknown>;\n` +
-        `export default { ...rest, functions: "functions", state: "state" };\n`,
-    );
-    const child = spawn("node", [BIN, "-c", config, "start"], { env: cleanEnv(), cwd: ROOT });
-    children.push(child);
-    const exited = new Promise<number | string | null>((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
-    let out = "";
-    await new Promise<void>((resolve, reject) => {
-      child.stderr!.on("data", (d) => {
-        out += d;
-        if (/\n  slow .*\n/.test(out)) resolve();
-      });
-      void exited.then((code) => reject(new Error(`start exited (${code}): ${out}`)));
-    });
-    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { url: string; pid: number };
-    const password = (JSON.parse(readFileSync(join(dir, "state", "users.json"), "utf8")) as Record<string, string>)["mesh-provisioner"];
-    const nc = await connect({ servers: marker.url, user: "mesh-provisioner", pass: password, inboxPrefix: "_INBOX.mesh-provisioner" });
+    const started = await startCli(config, { ready: /\n {2}slow .*\n/ });
+    children.push(started.child);
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number };
+    const nc = await seatOf(dir);
     try {
       const asked = nc.request("probe.slow", "{}", { timeout: 10_000 });
-      await new Promise((r) => setTimeout(r, 300));
-      child.kill("SIGTERM");
+      await until(() => started.stderr().includes("slow: in hand\n"));
+      started.child.kill("SIGTERM");
       expect((await asked).json()).toEqual({ late: true });
-      expect(await exited).toBe(0);
+      expect(await started.exited).toBe(0);
       expect(alive(marker.pid)).toBe(false);
     } finally {
       await nc.close().catch(() => {});
@@ -309,5 +354,75 @@ export default defineFunction({
     expect(result.stderr).toMatch(
       /^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/,
     );
+  });
+});
+
+describe("stopping as a terminal or a supervisor stops it", () => {
+  /** A signal to the whole process group: what Ctrl-C does, and systemd's `KillMode=control-group`. */
+  const toGroup = (started: Started, signal: NodeJS.Signals) => process.kill(-started.child.pid!, signal);
+
+  it("`npm start` sent SIGTERM as a process group (npm forwards it too) stops once, logs `stopped` and exits 0", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const started = await startCli(config, { viaNpm: true, group: true, env: { LOG_LEVEL: "info" } });
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number };
+    toGroup(started, "SIGTERM");
+    expect(await started.exited).toBe(0);
+    expect(messagesSinceStarted(started.stdout())).toEqual(["started", "signal: stopping", "stopping", "stopped"]);
+    expect(alive(marker.pid)).toBe(false);
+  });
+
+  it("`npm start` sent Ctrl-C twice within a few ms, as a process group, stops once and exits 0", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const started = await startCli(config, { viaNpm: true, group: true, env: { LOG_LEVEL: "info" } });
+    toGroup(started, "SIGINT");
+    await new Promise((r) => setTimeout(r, 5));
+    toGroup(started, "SIGINT");
+    expect(await started.exited).toBe(0);
+    expect(messagesSinceStarted(started.stdout())).toEqual(["started", "signal: stopping", "stopping", "stopped"]);
+  });
+
+  it("a signal more than 1 s after the first, while a request is still in hand, exits at once with 130", async () => {
+    // The request in hand takes 8 s and the grace is 10 s: the stop is still going 1.5 s after the first signal.
+    const { dir, config } = slowProject(8000);
+    dirs.push(dir);
+    const started = await startCli(config, { viaNpm: true, group: true, env: { LOG_LEVEL: "info" }, ready: /\n {2}slow .*\n/ });
+    const marker = JSON.parse(readFileSync(join(dir, "state", "embedded.json"), "utf8")) as { pid: number };
+    const nc = await seatOf(dir);
+    try {
+      const asked = nc.request("probe.slow", "{}", { timeout: 20_000 }).then(
+        () => "answered",
+        () => "no answer",
+      );
+      await until(() => started.stderr().includes("slow: in hand\n"));
+      toGroup(started, "SIGINT");
+      await new Promise((r) => setTimeout(r, 1500));
+      expect(started.child.exitCode).toBe(null);
+      toGroup(started, "SIGINT");
+      expect(await started.exited).toBe(130);
+      expect(messagesSinceStarted(started.stdout())).toEqual(["started", "signal: stopping", "stopping"]);
+      await nc.close();
+      expect(await asked).toBe("no answer");
+      // The exit hook killed the embedded server.
+      await until(() => !alive(marker.pid), 5000);
+    } finally {
+      await nc.close().catch(() => {});
+    }
+  });
+
+  it("`npm run cluster` sent SIGTERM as a process group stops its servers, removes its env file and exits 0", async () => {
+    const { dir, config } = project();
+    dirs.push(dir);
+    const started = await startCli(config, { command: "cluster", viaNpm: true, group: true, ready: /Ctrl-C stops the cluster/ });
+    const env = join(dir, "state", "cluster", "env");
+    const urls = /^NATS_URL=(.*)$/m.exec(readFileSync(env, "utf8"))![1]!.split(",");
+    expect(urls).toHaveLength(3);
+    toGroup(started, "SIGTERM");
+    expect(await started.exited).toBe(0);
+    expect(existsSync(env)).toBe(false);
+    for (const url of urls) {
+      await expect(connect({ servers: url, reconnect: false, timeout: 1000 })).rejects.toThrow();
+    }
   });
 });

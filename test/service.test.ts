@@ -25,6 +25,11 @@ describe("the NATS service", () => {
     const infos: ServiceInfo[] = [];
     for await (const info of await operator.services.client().info("mesh-provisioner")) infos.push(info);
     expect(infos).toHaveLength(1);
+    // The service's own description and version: the package.json's.
+    expect([infos[0]!.description, infos[0]!.version]).toEqual([
+      "The provisioner's server of a self-hosted mesh: the registry of which domain answers which kind, and the read-only verb mesh-provisioner.provisioning, as a function set over NATS.",
+      "0.1.0",
+    ]);
     const endpoints = Object.fromEntries(infos[0]!.endpoints.map((e) => [e.name, e]));
     expect(Object.keys(endpoints).sort()).toEqual(["provisioning", "status"]);
     expect(endpoints.provisioning!.subject).toBe("mesh-provisioner.provisioning");

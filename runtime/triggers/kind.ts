@@ -67,8 +67,8 @@ export interface BindEnv<F extends FunctionRef = FunctionRef, I extends RunInfo 
   run(fn: F, input: RawInput, trigger: I): Promise<Outcome>;
   /** Claims the run of `fn` scheduled at `scheduledAt` for this replica: `false` when another replica has. */
   claim(fn: string, scheduledAt: Date): Promise<boolean>;
-  /** The function set's version (its `package.json`), for the NATS service. */
-  readonly version: string;
+  /** The NATS service's version and description (the set's `package.json`). */
+  readonly service: { readonly version: string; readonly description: string };
   /** How long stopping waits for what is in hand, in milliseconds. */
   readonly graceMs: number;
   readonly probes: Probes;

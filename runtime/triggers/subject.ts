@@ -99,15 +99,15 @@ export const subject: TriggerKind<"subject", SubjectTrigger, SubjectInfo> = {
   },
 
   /**
-   * Adds every trigger as an endpoint ({@link bindingName}) of the NATS service `<seat>`, queue
-   * group `<seat>`, with {@link endpointMetadata}. Answers are the handler's value as JSON;
+   * Adds every trigger as an endpoint ({@link bindingName}) of the NATS service `<seat>` (with
+   * `env.service`'s version and description), queue group `<seat>`, with {@link endpointMetadata}. Answers are the handler's value as JSON;
    * refusals carry `Nats-Service-Error-Code`/`Nats-Service-Error` and a JSON body
    * (docs/verb.md §4.3). A request whose reply subject is not an inbox is logged and not answered. Stopping takes
    * no new request and answers those in hand, for at most the grace.
    */
   async bind(targets, env) {
     if (targets.length === 0) return { stop: async () => {} };
-    const service: Service = await env.nc.services.add({ name: env.config.seat, version: env.version, queue: env.config.seat });
+    const service: Service = await env.nc.services.add({ name: env.config.seat, ...env.service, queue: env.config.seat });
     const inFlight = new Set<Promise<void>>();
     for (const { fn, trigger, index } of targets) {
       const name = bindingName(fn, index);
