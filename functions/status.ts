@@ -1,4 +1,4 @@
-import { defineFunction } from "../runtime/index.ts";
+import { defineFunction, WithStatus } from "../runtime/index.ts";
 import {
   CONDITIONS,
   conditionsAt,
@@ -12,7 +12,11 @@ import {
 } from "./_lib/state.ts";
 import { COMPILE_FUNCTION, countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
 
-/** docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers and every module not well (docs/state.md §7). */
+/**
+ * docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers
+ * and every module not well (docs/state.md §7). Over HTTP the answer is a 200 when well and a
+ * 503 when not, so a probe reads it from the status code (docs/failing.md §5.6).
+ */
 export default defineFunction({
   description:
     "Answers mesh-provisioner.status: what fails (provider, machine, consumer, word, since), the modules not well, the registry, refused events.",
@@ -80,7 +84,7 @@ export default defineFunction({
         : NO_PROVISIONING;
     const runtime = { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store };
     const stale = staleHoldersOf(model, ctx.clock.now(), { provider: request.provider, node: request.machine, module: request.consumer });
-    return readStatus(
+    const status = await readStatus(
       request,
       { failing: inputs.failing.reads, registry: inputs.registry.reads },
       runtime,
@@ -88,5 +92,6 @@ export default defineFunction({
       provisioning,
       stale,
     );
+    return new WithStatus(status.well ? 200 : 503, status);
   },
 });

@@ -1,6 +1,6 @@
 /**
  * The deployment's config: `wrangler-free.config.ts` validated with its schema, the environment
- * applied over it (`NATS_URL`, credentials, `HTTP_HOST`, `HTTP_PORT`, `NATS_REPLICAS`…), and
+ * applied over it (`NATS_URL`, credentials, `HTTP_HOST`, `HTTP_PORT`, `HTTP_TOKEN`, `NATS_REPLICAS`…), and
  * folders resolved against the file's own. A contract (docs/runtime.md §6.6).
  */
 import { existsSync } from "node:fs";
@@ -36,6 +36,12 @@ const bucketSchema = z.strictObject({
 });
 
 const DAY = 24 * 60 * 60;
+
+/** The HTTP bearer token: an RFC 6750 token (what `Authorization: Bearer` may carry), long enough not to be guessed. */
+const httpToken = z
+  .string()
+  .min(16, "must be at least 16 characters (e.g. `openssl rand -hex 32`)")
+  .regex(/^[A-Za-z0-9._~+/-]+=*$/, "must be letters, digits and . _ ~ + / - (then = only), as a bearer token is");
 
 /** A subject without wildcards, `{<who>}` allowed in its tokens for the user's name. */
 const subjectOf = (who: string) => z.string().regex(/^[A-Za-z0-9_/={}-]+(\.[A-Za-z0-9_/={}-]+)*$/, `must be a subject, \`${who}\` allowed`);
@@ -95,10 +101,15 @@ export const configSchema = z.looseObject({
    * 1 on one server (the embedded default), 3 on a cluster.
    */
   replicas: replicas.default(1),
+  /** Where HTTP listens, and who may ask it (docs/runtime.md §6.3.4). */
   http: z
     .strictObject({
       host: z.string().min(1).default("127.0.0.1"),
       port: z.number().int().min(0).max(65535).default(8787),
+      /** The bearer token every route but `/healthz` and `/readyz` asks for; none asked when absent. */
+      token: httpToken.optional(),
+      /** True: a host that is not a loopback address may go without a token (the network is trusted). */
+      trustedNetwork: z.boolean().optional(),
     })
     .default({ host: "127.0.0.1", port: 8787 }),
   /** Buckets by the name functions use in `access`; all are asserted at start. */
@@ -168,6 +179,11 @@ const envSchema = z.object({
   NATS_KEY: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).optional(),
   HTTP_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+  HTTP_TOKEN: httpToken.optional(),
+  HTTP_TRUSTED_NETWORK: z
+    .enum(["1", "true", "0", "false"], "must be 1 or true (the network is trusted), 0 or false")
+    .transform((v) => v === "1" || v === "true")
+    .optional(),
   NATS_REPLICAS: z.coerce.number().pipe(replicas).optional(),
 });
 
@@ -175,7 +191,8 @@ const envSchema = z.object({
  * Validates a raw config and applies the environment of docs/runtime.md §6 over it: `NATS_URL`
  * (comma-separated servers), `NATS_CREDS`, `NATS_NKEY`, `NATS_USER`, `NATS_PASSWORD`,
  * `NATS_TOKEN`, `NATS_CA`, `NATS_CERT`, `NATS_KEY`, `NATS_REPLICAS` (the config's `replicas`),
- * `HTTP_HOST`, `HTTP_PORT`. Throws {@link ConfigError} naming `file` and the field.
+ * `HTTP_HOST`, `HTTP_PORT`, `HTTP_TOKEN`, `HTTP_TRUSTED_NETWORK`. Throws {@link ConfigError}
+ * naming `file` and the field.
  */
 export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv = process.env): Config {
   const shown = relative(process.cwd(), file) || file;
@@ -232,7 +249,12 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
         : {}),
     },
     replicas: e.NATS_REPLICAS ?? config.replicas,
-    http: { host: e.HTTP_HOST ?? config.http.host, port: e.HTTP_PORT ?? config.http.port },
+    http: {
+      host: e.HTTP_HOST ?? config.http.host,
+      port: e.HTTP_PORT ?? config.http.port,
+      token: e.HTTP_TOKEN ?? config.http.token,
+      trustedNetwork: e.HTTP_TRUSTED_NETWORK ?? config.http.trustedNetwork,
+    },
   };
 }
 

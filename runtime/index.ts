@@ -31,7 +31,7 @@ export type {
 } from "./types.ts";
 export { defineConfig, loadConfig, resolveConfig, configPath, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
 export { ServiceError, RevisionConflict, badInput, formatIssues } from "./errors.ts";
-export { JsonText } from "./json.ts";
+export { JsonText, WithStatus } from "./json.ts";
 export { keyedSerial } from "./serial.ts";
 export { createLogger } from "./log.ts";
 export { loadFunction, loadFunctions, checkFunctions, LoadError } from "./loader.ts";

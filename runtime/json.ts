@@ -9,3 +9,20 @@ export class JsonText {
 
 /** The JSON text of a handler's answer: a {@link JsonText} as it is, anything else serialised (`undefined` as `null`). */
 export const jsonOf = (value: unknown): string => (value instanceof JsonText ? value.text : JSON.stringify(value ?? null));
+
+/**
+ * A handler's answer with the HTTP status its HTTP triggers answer it with (docs/runtime.md
+ * §6.2.1): `value` is the answer as any other (a {@link JsonText} too); over NATS, to `invoke`
+ * and to events it is `value` alone. `status` is a whole number from 200 to 599; any other
+ * throws a `RangeError` naming it.
+ */
+export class WithStatus<T = unknown> {
+  constructor(
+    readonly status: number,
+    readonly value: T,
+  ) {
+    if (!Number.isInteger(status) || status < 200 || status > 599) {
+      throw new RangeError(`an HTTP status must be a whole number from 200 to 599, not ${status}`);
+    }
+  }
+}

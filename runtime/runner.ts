@@ -11,7 +11,7 @@ import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
-import { JsonText } from "./json.ts";
+import { JsonText, WithStatus } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
@@ -30,7 +30,8 @@ export interface Runner {
   /** The `ctx` a function gets for one run: only what it declared. */
   context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
   /**
-   * Runs `fn` once from `input` (payload bytes, or a value already read). Never throws: bad
+   * Runs `fn` once from `input` (payload bytes, or a value already read). An answer given as
+   * `WithStatus` is its value with its `status` beside it. Never throws: bad
    * input is a 400, a `ServiceError` keeps its code, NATS not answering (no responders, a timeout) a 503, anything else is logged and a 500. A refused
    * event is counted (`events_refused_total`, the records); when it cannot be counted the outcome
    * is a 500, so it comes again. A scheduled run (`cron`, `start`) that succeeded is recorded.
@@ -128,7 +129,8 @@ export async function openRunner({
     if (!parsed.success) return refused({ code: 400, message: formatIssues(parsed.error.issues) });
     try {
       const handler = fn.definition.handler as (input: unknown, ctx: AnyContext) => unknown;
-      return { ok: true, value: await handler(parsed.data, ctx) };
+      const value = await handler(parsed.data, ctx);
+      return value instanceof WithStatus ? { ok: true, value: value.value, status: value.status } : { ok: true, value };
     } catch (err) {
       if (err instanceof ServiceError) return refused(err, "refused");
       // No responders (503) or no answer: the bus is electing a leader or away; no stack to read.

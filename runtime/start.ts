@@ -7,7 +7,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import type { Config } from "./config.ts";
+import { ConfigError, type Config } from "./config.ts";
 import type { LoadedFunction } from "./define.ts";
 import { loadFunctions } from "./loader.ts";
 import { createLogger } from "./log.ts";
@@ -60,8 +60,10 @@ function serviceOf(config: Config): { readonly version: string; readonly descrip
 }
 
 /**
- * Starts the function set of `config` (docs/runtime.md §6): loads and checks every function
- * file, opens the bus (the configured servers, or the embedded server with the users
+ * Starts the function set of `config` (docs/runtime.md §6): refuses, with a `ConfigError` and
+ * before opening anything, what a trigger kind's `checkStart` refuses (HTTP on a host that is
+ * not loopback without a token); loads and checks every function file, opens the bus (the
+ * configured servers, or the embedded server with the users
  * {@link authorization} derives for the config's embedded nodes and providers), asserts the
  * buckets and streams, binds every trigger kind and runs what each does once all are bound (the
  * `onStart` functions). Throws, having released what it opened, when any step fails; the error
@@ -71,6 +73,9 @@ export async function start(options: StartOptions): Promise<Running> {
   const began = performance.now();
   const { config, stopGraceMs: graceMs = STOP_GRACE_MS } = options;
   const log = options.log ?? createLogger();
+  // What no trigger may start with (HTTP open to the network without a token): before anything opens.
+  const refused = KINDS.flatMap((kind) => kind.checkStart?.(config) ?? []);
+  if (refused.length > 0) throw new ConfigError(refused.join("; "));
   const functions = await loadFunctions(config);
   const session: Session = await openSession(config, {
     embedded: "start",

@@ -213,8 +213,12 @@ export interface Refusal {
   readonly message: string;
 }
 
-/** How one run ended: the handler's answer, or a refusal with its code. */
-export type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: Refusal };
+/**
+ * How one run ended: the handler's answer, with the HTTP status it asked for (`WithStatus`;
+ * absent: 200), or a refusal with its code.
+ */
+export type Outcome =
+  { readonly ok: true; readonly value: unknown; readonly status?: number } | { readonly ok: false; readonly error: Refusal };
 
 /**
  * A run's input as its trigger received it: a payload's bytes (JSON; empty means `{}`), or a

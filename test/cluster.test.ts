@@ -121,11 +121,13 @@ const eventRuns = async (httpUrl: string) =>
   (await sample(httpUrl, "function_runs_total", 'function="provider-failing",trigger="event"')) +
   (await sample(httpUrl, "function_runs_total", 'function="provider-recovered",trigger="event"'));
 
-/** The failing triples of `machine` a replica's HTTP status gives, as `provider/consumer → word@at`. */
+/** The failing triples of `machine` a replica's HTTP status gives (200 well, 503 not), as `provider/consumer → word@at`. */
 async function failingOn(httpUrl: string, machine: string): Promise<Record<string, string>> {
   const response = await fetch(`${httpUrl}/status?machine=${machine}`);
-  const body = (await response.json()) as { failing: { provider: string; consumer: string; word: string; at: string }[] };
-  if (response.status !== 200) throw new Error(`status from ${httpUrl}: ${response.status} ${JSON.stringify(body)}`);
+  const body = (await response.json()) as { well?: boolean; failing: { provider: string; consumer: string; word: string; at: string }[] };
+  if (response.status !== (body.well ? 200 : 503) || body.failing === undefined) {
+    throw new Error(`status from ${httpUrl}: ${response.status} ${JSON.stringify(body)}`);
+  }
   return Object.fromEntries(body.failing.map((f) => [`${f.provider}/${f.consumer}`, `${f.word}@${f.at}`]));
 }
 

@@ -86,6 +86,36 @@ describe("loading function files", () => {
     }
   });
 
+  it("answers an HTTP trigger with the status a handler gives with WithStatus, and NATS with the value alone", async () => {
+    const withStatus = `import { defineFunction, JsonText, WithStatus } from ${JSON.stringify(RUNTIME)};
+export default defineFunction({
+  description: "Says it took the request, with a status of its own.",
+  triggers: [{ subject: "probe.taken" }, { http: "GET /probe/taken" }, { http: "GET /probe/taken-text" }, { http: "GET /probe/odd" }],
+  handler: async (_input, ctx) => {
+    const path = ctx.trigger.kind === "http" ? ctx.trigger.path : "";
+    if (path === "/probe/odd") return new WithStatus(99, {});
+    return path === "/probe/taken-text" ? new WithStatus(202, new JsonText('{"taken":"as text"}')) : new WithStatus(202, { taken: true });
+  },
+});
+`;
+    const set = await start({ config: configFor(functionsFolder({ "taken.ts": withStatus })) });
+    try {
+      const taken = await fetch(`${set.httpUrl}/probe/taken`);
+      expect([taken.status, taken.headers.get("content-type"), await taken.json()]).toEqual([202, "application/json", { taken: true }]);
+      const text = await fetch(`${set.httpUrl}/probe/taken-text`);
+      expect([text.status, await text.text()]).toEqual([202, '{"taken":"as text"}']);
+      const reply = await request(seat, "probe.taken", {});
+      expect([reply.errorCode, reply.body]).toEqual([undefined, { taken: true }]);
+      const odd = await fetch(`${set.httpUrl}/probe/odd`);
+      expect([odd.status, await odd.json()]).toEqual([
+        500,
+        { error: { code: 500, message: "taken failed: an HTTP status must be a whole number from 200 to 599, not 99" } },
+      ]);
+    } finally {
+      await set.stop();
+    }
+  });
+
   it("refuses two functions on one subject or one route, naming both files", async () => {
     const dir = functionsFolder({ "a.ts": ECHO, "b.ts": ECHO.replace("probe.echo", "probe.other") });
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);

@@ -1,11 +1,15 @@
 /**
  * The `{ http: "METHOD /path" }` trigger kind: a route of the set's one HTTP server (Hono on
  * Node), beside the runtime's own `/healthz`, `/readyz` and `/metrics`. It always listens, also
- * when no function has a route (docs/runtime.md §6.3.4).
+ * when no function has a route; with a token, every path but `/healthz` and `/readyz` asks for
+ * it; it refuses to start on a host that is not loopback without one (docs/runtime.md §6.3.4).
  */
 import type { Server } from "node:http";
+import { BlockList, isIP } from "node:net";
 import { serve, type ServerType } from "@hono/node-server";
-import { Hono, type Context as HonoContext } from "hono";
+import { Hono, type Context as HonoContext, type MiddlewareHandler } from "hono";
+import { bearerAuth } from "hono/bearer-auth";
+import { HTTPException } from "hono/http-exception";
 import { z } from "zod";
 import { errorBody } from "../errors.ts";
 import { jsonOf } from "../json.ts";
@@ -23,6 +27,8 @@ export type HttpInfo = { readonly kind: "http"; readonly method: string; readonl
 
 /** HTTP paths the runtime answers itself: health, readiness and metrics. */
 export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
+/** The paths open without the token: an orchestrator's probes carry none (docs/runtime.md §6.3.5). */
+export const OPEN_PATHS = ["/healthz", "/readyz"];
 
 const schema = z.strictObject({
   http: z
@@ -42,9 +48,41 @@ async function httpInput(c: HonoContext): Promise<RawInput> {
 /** A fresh header object per answer: Hono keeps and changes the one it is given. */
 const jsonType = () => ({ "content-type": "application/json" });
 
+const refusal = (code: number, message: string) => new Response(errorBody(code, message), { status: code, headers: jsonType() });
+
 /**
- * One Hono app with a route per trigger. Answers are JSON; a refusal has the status of its code
- * and the body of docs/verb.md §4; an unknown route is a JSON 404. Besides, `GET /healthz`
+ * Hono's `bearerAuth` on every path but {@link OPEN_PATHS}: no `Authorization` header or another
+ * token is a 401, a header that is not `Bearer <token>` a 400, each with the body of
+ * docs/verb.md §4. The token is compared in constant time and never said.
+ */
+function tokenGuard(token: string): MiddlewareHandler {
+  const guard = bearerAuth({
+    token,
+    noAuthenticationHeader: {
+      message: () => refusal(401, "this route asks for the bearer token HTTP_TOKEN sets: send Authorization: Bearer <token>"),
+    },
+    invalidAuthenticationHeader: { message: () => refusal(400, 'the Authorization header is not "Bearer <token>"') },
+    invalidToken: { message: () => refusal(401, "the bearer token is not the one HTTP_TOKEN sets") },
+  });
+  return (c, next) => (OPEN_PATHS.includes(c.req.path) ? next() : guard(c, next));
+}
+
+const loopback = new BlockList();
+loopback.addSubnet("127.0.0.0", 8, "ipv4");
+loopback.addAddress("::1", "ipv6");
+
+/** Whether `host` is a loopback address: in 127.0.0.0/8, `::1` (IPv4-mapped ones too), or `localhost`. */
+export function isLoopback(host: string): boolean {
+  if (host.toLowerCase() === "localhost") return true;
+  const family = isIP(host);
+  return family !== 0 && loopback.check(host, family === 4 ? "ipv4" : "ipv6");
+}
+
+/**
+ * One Hono app with a route per trigger. Answers are JSON, with the status the run asked for
+ * (200 unless the handler gave `WithStatus`); a refusal has the status of its code and the body
+ * of docs/verb.md §4; an unknown route is a JSON 404. With `token`, every path but
+ * {@link OPEN_PATHS} asks for it first ({@link tokenGuard}). Besides, `GET /healthz`
  * answers 200 `{ ok: true }`, or 503 `{ ok: false, reasons }` with what `probes.live` says;
  * `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }` with what
  * `probes.ready` says is missing; and `GET /metrics` the metrics in Prometheus's text format.
@@ -52,8 +90,10 @@ const jsonType = () => ({ "content-type": "application/json" });
 export function httpApp<F extends FunctionRef>(
   targets: readonly Target<HttpTrigger, F>[],
   env: Pick<BindEnv<F, HttpInfo>, "run" | "log" | "probes" | "metrics">,
+  token?: string,
 ): Hono {
   const app = new Hono();
+  if (token !== undefined) app.use(tokenGuard(token));
   app.get("/healthz", (c) => {
     const dead = env.probes.live();
     return dead.length === 0 ? c.json({ ok: true }) : c.json({ ok: false, reasons: dead }, 503);
@@ -70,12 +110,13 @@ export function httpApp<F extends FunctionRef>(
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
-      if (outcome.ok) return c.body(jsonOf(outcome.value), 200, jsonType());
+      if (outcome.ok) return c.body(jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());
     });
   }
   // What escapes a route (a client gone mid-request): a log line, not Hono's console output.
   app.onError((err, c) => {
+    if (err instanceof HTTPException) return err.getResponse(); // the token guard's refusals
     env.log.warn({ method: c.req.method, path: c.req.path, err: err.message }, "HTTP request not answered");
     return c.body(errorBody(500, `the request could not be read: ${err.message}`), 500, jsonType());
   });
@@ -120,13 +161,26 @@ export const http: TriggerKind<"http", HttpTrigger, HttpInfo> = {
     const path = trigger.http.split(" ")[1]!;
     return RUNTIME_PATHS.includes(path) ? [{ at: "http", message: `${path} is the runtime's own (${RUNTIME_PATHS.join(", ")})` }] : [];
   },
+  /** A host that is not loopback needs a token, or the network said trusted. */
+  checkStart(config) {
+    const { host, token, trustedNetwork } = config.http;
+    if (isLoopback(host) || token !== undefined || trustedNetwork === true) return [];
+    return [
+      `HTTP_HOST ${host} is not a loopback address and no HTTP_TOKEN is set: anyone who reaches it could ask every route. ` +
+        "Set HTTP_TOKEN (http.token) to a token of at least 16 characters, or HTTP_TRUSTED_NETWORK=1 (http.trustedNetwork: true) " +
+        "if only trusted machines reach that network",
+    ];
+  },
   exclusive: (trigger) => `route ${trigger.http}`,
   describe: (trigger) => `http ${trigger.http}`,
 
-  /** Listens on the config's `http.host` and `http.port` (0: a free one); throws saying a port in use. */
+  /** Listens on the config's `http.host` and `http.port` (0: a free one), guarded by `http.token`; throws saying a port in use. */
   async bind(targets, env) {
-    const { host, port } = env.config.http;
-    const server = await listen(httpApp(targets, env), host, port);
+    const { host, port, token } = env.config.http;
+    if (token === undefined && !isLoopback(host)) {
+      env.log.warn({ host }, "HTTP is open to the network without a token: HTTP_TRUSTED_NETWORK says it is trusted");
+    }
+    const server = await listen(httpApp(targets, env, token), host, port);
     const bound = (server.address() as { port: number }).port;
     return { url: `http://${host}:${bound}`, stop: () => closeHttp(server, env.graceMs) };
   },

@@ -120,6 +120,12 @@ export interface TriggerKind<
   checkFile?(trigger: T, fn: { readonly input: z.ZodType }): Problem[];
   /** Problems of one trigger against the config and the runtime, e.g. a stream the config lacks. */
   checkConfig?(trigger: T, config: Config): Problem[];
+  /**
+   * Why the set must not start with this config, whatever its triggers (e.g. HTTP open to the
+   * network without a token): each a sentence naming the setting and how to fix it. Asked by
+   * start before it opens anything.
+   */
+  checkStart?(config: Config): string[];
   /** What two functions may not share ("subject a.b", "route GET /x"); none when any may. */
   exclusive?(trigger: T): string | undefined;
   /** The start banner's words for one trigger. */
