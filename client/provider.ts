@@ -34,9 +34,9 @@ export interface ProviderClient {
   /** Publishes `<provider>.provisioner.recovered` `{ machine, consumer, at }`. Resolves with the stream's sequence once stored. */
   recovered(machine: string, consumer: string): Promise<number>;
   /**
-   * Publishes `<provider>.provisioner.rotated` `{ provision, revision, at }` (docs/rotation.md
-   * §8.2), with `machine` and `consumer` when only that holder's credential changed. Resolves
-   * with the stream's sequence once stored.
+   * Publishes `<provider>.provisioner.rotated` `{ provision, revision, at }`
+   * (docs/rotation.md §8.2), with `machine` and `consumer` when only that holder's credential
+   * changed. Resolves with the stream's sequence once stored.
    */
   rotated(provision: string, revision: string, holder?: { readonly machine?: string; readonly consumer?: string }): Promise<number>;
   /** Calls `handler` with each release on `mesh-provisioner.released.<provider>` until stopped; one out of shape is skipped. */

@@ -38,7 +38,7 @@ export { loadFunction, loadFunctions, checkFunctions, LoadError } from "./loader
 export { openRunner, invoke, type Runner } from "./runner.ts";
 export { openSession, type Session } from "./session.ts";
 export { authorization } from "./permissions.ts";
-export { toConf, type AuthorizedUser } from "./users.ts";
+export { passwordsIn, serverConf, toConf, userName, type AuthorizedUser } from "./users.ts";
 export { startCluster } from "./cluster.ts";
 export { start, describe, STOP_GRACE_MS, type Running } from "./start.ts";
 export { NatsServerMissing } from "./nats-server.ts";

@@ -11,8 +11,8 @@ export class JsonText {
 export const jsonOf = (value: unknown): string => (value instanceof JsonText ? value.text : JSON.stringify(value ?? null));
 
 /**
- * A handler's answer with the HTTP status its HTTP triggers answer it with (docs/runtime.md
- * §6.2.1): `value` is the answer as any other (a {@link JsonText} too); over NATS, to `invoke`
+ * A handler's answer with the HTTP status its HTTP triggers answer it with
+ * (docs/runtime.md §6.2.1): `value` is the answer as any other (a {@link JsonText} too); over NATS, to `invoke`
  * and to events it is `value` alone. `status` is a whole number from 200 to 599; any other
  * throws a `RangeError` naming it.
  */

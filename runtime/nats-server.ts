@@ -127,18 +127,26 @@ function stopChild(child: ChildProcess): Promise<void> {
  * when it exits or is not ready within 20 s; throws {@link NatsServerMissing}.
  */
 export async function spawnNatsServer(options: SpawnOptions): Promise<RunningNatsServer> {
-  const bin = findNatsServer(options.env);
   const port = options.port ?? (await freePort());
   const text =
     typeof options.conf === "string"
       ? `${options.conf}\nhost: "127.0.0.1"\nport: ${port}\n`
       : JSON.stringify({ ...options.conf, host: "127.0.0.1", port }, null, 2);
   writeFileSync(options.confFile, text, { mode: 0o600 });
+  return startNatsServer(options.confFile, port, options.env);
+}
+
+/**
+ * Starts `nats-server -c confFile` on a configuration file as it is written, which listens on
+ * 127.0.0.1:`port`, and resolves once it logs that it is ready; as {@link spawnNatsServer} does.
+ */
+export async function startNatsServer(confFile: string, port: number, env?: NodeJS.ProcessEnv): Promise<RunningNatsServer> {
+  const bin = findNatsServer(env);
   // Its own process group: a terminal's Ctrl-C reaches this process, which stops the child in order.
-  const child = spawn(bin, ["-c", options.confFile], {
+  const child = spawn(bin, ["-c", confFile], {
     stdio: ["ignore", "ignore", "pipe"],
     detached: true,
-    env: options.env ?? process.env,
+    env: env ?? process.env,
   });
   const killOnExit = () => child.kill("SIGKILL");
   process.on("exit", killOnExit);

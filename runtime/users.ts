@@ -1,13 +1,15 @@
 /**
  * The users of a bus as the function set sees them: their roles and permissions, their inbox
- * prefixes, their generated passwords (`users.json` of a state folder) and nats-server's
- * `authorization` block, in its configuration syntax or as the embedded server's conf object.
- * Used by the embedded server, the local cluster, the derived permissions and the test helpers.
- * A contract: it imports nothing of the runtime (docs/runtime.md §6).
+ * prefixes, their generated passwords (a users file such as `users.json` of a state folder) and
+ * nats-server's `accounts` block, in its configuration syntax (alone, or in a complete server
+ * configuration) or as the embedded server's conf object. Used by the embedded server, the local
+ * cluster, the derived permissions, the CLI and the test helpers. A contract: it imports nothing
+ * of the runtime (docs/runtime.md §6).
  */
 import { randomBytes } from "node:crypto";
 import { chmodSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { z } from "zod";
 
 /**
  * One user's permissions in nats-server's `authorization` block (nats-server 2.9 semantics):
@@ -61,6 +63,12 @@ export const inboxOf = (user: string): string => `_INBOX.${user}`;
 const USER_NAME = /^[A-Za-z0-9_/=-]+$/;
 
 /**
+ * A user's name as it enters from outside (a command's option, a file of names): one token
+ * (docs/runtime.md §6.7.1); a `.`, `*`, `>`, white space or nothing is refused.
+ */
+export const userName = z.string().regex(USER_NAME, "must be one token (A-Z a-z 0-9 - _ / =): no ., *, > or white space");
+
+/**
  * Checks the names of a bus's users: each one token (`*`, `>` or `.` would widen its grants to
  * other users' subjects), none twice (the seat, nodes and providers share one namespace). Throws
  * naming every bad or repeated name.
@@ -74,18 +82,44 @@ export function checkUserNames(names: readonly string[]): void {
     throw new Error(`a user is named twice (the seat, nodes and providers share one namespace): ${[...new Set(twice)].join(", ")}`);
 }
 
+/** A users file: each user's password by its name, as `users.json` of a state folder holds them. */
+const usersFile = z.record(z.string(), z.string().min(1, "must be a password, not empty"));
+
 /**
- * The passwords of `names` from `<stateDir>/users.json`, a generated one (18 random bytes,
- * base64url) for any user missing; the file is written back with mode 0600, keeping the users
- * it had.
+ * The passwords of `names` from the users file `file` (JSON, `{ "<user>": "<password>" }`), a
+ * generated one (18 random bytes, base64url) for any user missing, which `generated` lists; the
+ * file is written back with mode 0600, keeping the users it had. Throws naming the file when it
+ * is not JSON or not of that shape.
  */
-export function userPasswords(stateDir: string, names: readonly string[]): Record<string, string> {
-  const file = join(stateDir, "users.json");
-  const known: Record<string, string> = existsSync(file) ? JSON.parse(readFileSync(file, "utf8")) : {};
-  const all = Object.fromEntries(names.map((n) => [n, known[n] ?? randomBytes(18).toString("base64url")]));
-  writeFileSync(file, JSON.stringify({ ...known, ...all }, null, 2), { mode: 0o600 });
+export function passwordsIn(
+  file: string,
+  names: readonly string[],
+): { readonly passwords: Record<string, string>; readonly generated: string[] } {
+  let known: Record<string, string> = {};
+  if (existsSync(file)) {
+    let json: unknown;
+    try {
+      json = JSON.parse(readFileSync(file, "utf8"));
+    } catch (err) {
+      throw new Error(`${file}: not JSON (${(err as Error).message})`, { cause: err });
+    }
+    const parsed = usersFile.safeParse(json);
+    if (!parsed.success) {
+      const said = parsed.error.issues.map((i) => (i.path.length > 0 ? `${i.path.map(String).join(".")}: ${i.message}` : i.message));
+      throw new Error(`${file}: a users file is { "<user>": "<password>" }: ${said.join("; ")}`);
+    }
+    known = parsed.data;
+  }
+  const generated = names.filter((n) => known[n] === undefined);
+  const passwords = Object.fromEntries(names.map((n) => [n, known[n] ?? randomBytes(18).toString("base64url")]));
+  writeFileSync(file, JSON.stringify({ ...known, ...passwords }, null, 2), { mode: 0o600 });
   chmodSync(file, 0o600); // `mode` applies to a new file only
-  return all;
+  return { passwords, generated };
+}
+
+/** The passwords of `names` from `<stateDir>/users.json` ({@link passwordsIn}). */
+export function userPasswords(stateDir: string, names: readonly string[]): Record<string, string> {
+  return passwordsIn(join(stateDir, "users.json"), names).passwords;
 }
 
 /** An account of nats-server's `accounts` block. */
@@ -151,18 +185,19 @@ const variable = (user: string) => `$${user.toUpperCase().replace(/[^A-Z0-9]/g, 
 
 /**
  * The users in nats-server's configuration syntax: an `accounts { … }` block ({@link accountsOf}),
- * each user with `password: $<VARIABLE>` (a variable of the conf or the environment, named after
- * the user) for the operator to define, and a comment saying its role. Throws when two users
- * would share a variable.
+ * each user with a comment saying its role and `password: <password(user)>`, conf text as it is
+ * written. By default `$<VARIABLE>`, a variable named after the user for the operator to define
+ * (nats-server looks it up in the same file, then the server's environment, never in a file that
+ * includes this one); then throws when two users would share a variable.
  */
-export function toConf(users: readonly AuthorizedUser[]): string {
+export function toConf(users: readonly AuthorizedUser[], password?: (user: string) => string): string {
   const clash = users.find((u, i) => users.findIndex((v) => variable(v.user) === variable(u.user)) !== i);
-  if (clash !== undefined) {
+  if (password === undefined && clash !== undefined) {
     throw new Error(`two users would share the password variable ${variable(clash.user)}: rename one of them`);
   }
   const list = (items: readonly string[], indent: string) => `[\n${items.map((s) => `${indent}  ${s}`).join("\n")}\n${indent}]`;
   const roleOf = (user: string) => users.find((u) => u.user === user)!.role;
-  const blocks = Object.entries(accountsOf(users, variable)).map(([name, account]) => {
+  const blocks = Object.entries(accountsOf(users, password ?? variable)).map(([name, account]) => {
     const userLines = account.users.map(({ user, password, permissions }) =>
       [
         `{`,
@@ -206,4 +241,33 @@ export function toConf(users: readonly AuthorizedUser[]): string {
     ].join("\n");
   });
   return `accounts {\n${blocks.join("\n")}\n}\n`;
+}
+
+/** Where a server of {@link serverConf} listens and keeps its JetStream store. */
+export interface ServerConfOptions {
+  /** `host:port` clients connect to (`[v6-address]:port` for IPv6). */
+  readonly listen: string;
+  /** JetStream's store folder, an absolute path. */
+  readonly storeDir: string;
+  /** Each user's password as the server checks it: a bcrypt hash (`$2a$`, `$2b$`), written quoted. */
+  readonly hash: (user: string) => string;
+  /** Comment lines for the top of the file, without their `#`. */
+  readonly comments?: readonly string[];
+}
+
+/**
+ * A complete nats-server configuration (nats-server 2.9 syntax) that starts as it is: `listen`,
+ * `jetstream { store_dir }` and the {@link toConf} accounts of `users`, each password the
+ * quoted text of `hash(user)`. Nothing refers to a variable, so `nats-server --signal reload`
+ * reads it whole (docs/runtime.md §6.7).
+ */
+export function serverConf(users: readonly AuthorizedUser[], options: ServerConfOptions): string {
+  return [
+    ...(options.comments ?? []).map((line) => (line === "" ? "#" : `# ${line}`)),
+    `listen: ${quote(options.listen)}`,
+    `jetstream {`,
+    `  store_dir: ${quote(options.storeDir)}`,
+    `}`,
+    toConf(users, (user) => quote(options.hash(user))),
+  ].join("\n");
 }
