@@ -419,7 +419,7 @@ describe("a replica of the set killed while it holds events", () => {
     const crash = await testBus();
     const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-replica-"));
     const ackWait: Partial<Config> = {
-      streams: { ...crash.config.streams, events: { ...crash.config.streams.events!, ackWaitSeconds: 10 } },
+      streams: { ...crash.config.streams, events: { ...crash.config.streams.events!, ackWaitSeconds: 20 } },
     };
     const { root: _root, file: _file, ...raw } = { ...crash.config, ...ackWait, functions: join(ROOT, "functions") };
     const configFile = join(dir, "replica.config.mts");
@@ -453,12 +453,12 @@ describe("a replica of the set killed while it holds events", () => {
 
       running = await startSet(crash, ackWait);
       const status = async () => (await (await fetch(`${running!.httpUrl}/status`)).json()) as Status;
-      await until(async () => (await status()).events.unacknowledged === 10, 8000, "status says what the killed replica holds");
+      await until(async () => (await status()).events.unacknowledged === 10, 15_000, "status says what the killed replica holds");
       const held = await status();
       expect(held.failing.map((f) => f.consumer)).toEqual(["first"]);
-      expect(held.events.ackWaitSeconds).toBe(10);
+      expect(held.events.ackWaitSeconds).toBe(20);
       // After the ack wait, the other replica gets them.
-      await until(async () => (await status()).failing.length === 11, 20_000, "the held events are followed");
+      await until(async () => (await status()).failing.length === 11, 30_000, "the held events are followed");
       await until(async () => (await status()).events.unacknowledged === 0, 10_000, "nothing held any more");
     } finally {
       child.kill("SIGKILL");
