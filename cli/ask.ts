@@ -56,13 +56,21 @@ const WIDEST_VALUE = 72;
 
 /**
  * Text as a table cell shows it: control and format characters (which could break the table,
- * drive the terminal or reorder what it shows) written as `\uXXXX`, and at most `width` characters, a longer text cut with `…`.
+ * drive the terminal or reorder what it shows) written as `\uXXXX`, and at most `width` characters, a longer text cut with `…`
+ * (whole with {@link showWhole}).
  */
 export function shown(text: string, width: number): string {
   const safe = text.replace(/[\p{Cc}\p{Cf}\u2028\u2029]/gu, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
+  if (whole) return safe;
   const chars = [...safe];
   return chars.length > width ? `${chars.slice(0, width - 1).join("")}…` : safe;
 }
+
+let whole = false;
+/** Whether {@link shown} shows every text whole (`--wide`) instead of cutting it at its width. */
+export const showWhole = (on: boolean): void => {
+  whole = on;
+};
 
 function cell(entry: Record<string, unknown>, column: string): string {
   if (column === "where") {

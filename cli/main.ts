@@ -23,7 +23,7 @@ import {
 } from "../runtime/index.ts";
 import { DEFAULT_WHAT, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
-import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp } from "./ask.ts";
+import { askAll, askOnce, formatAnswer, narrowingOptions, showWhole, whatHelp } from "./ask.ts";
 import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, demoBus, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
 import { bcryptHash, BCRYPT_COST, CONTROLLER, namesOf, parseListen, storeDirOf, type NameOptions } from "./permissions.ts";
 import { formatHolders, formatRotations } from "./rotation.ts";
@@ -34,7 +34,9 @@ import { askStatus, formatStatus } from "./status.ts";
 const program = new Command("mesh-provisioner")
   .description("The provisioner's server of the mesh: the registry and the verb mesh-provisioner.provisioning.")
   .option("-c, --config <file>", "the config file", CONFIG_FILE)
-  .showHelpAfterError();
+  .option("-w, --wide", "show every value whole in tables (they cut long ones with …)")
+  .showHelpAfterError()
+  .hook("preAction", () => showWhole(program.opts<{ wide?: boolean }>().wide === true));
 
 const config = () => loadConfig(program.opts<{ config: string }>().config);
 

@@ -1,8 +1,9 @@
+import { execFileSync } from "node:child_process";
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import { cruise, type ICruiseResult } from "dependency-cruiser";
 import { describe, expect, it } from "vitest";
-import { ROOT } from "./helpers.ts";
+import { ROOT, SHIPPED_DIR, SHIPPED_FUNCTIONS } from "./helpers.ts";
 
 /** The runtime's import graph, type-only imports included: file → the runtime files it imports. */
 async function runtimeImports(): Promise<Map<string, string[]>> {
@@ -95,5 +96,16 @@ describe("citations of docs/ in the code", () => {
     }
     expect(unresolved).toEqual([]);
     expect(bare).toEqual([]);
+  });
+});
+
+describe("the shipped functions", () => {
+  it("are the function files the project tracks, and the tests' folder of them holds them alone", () => {
+    const tracked = execFileSync("git", ["ls-files", "functions"], { cwd: ROOT, encoding: "utf8" })
+      .split("\n")
+      .filter((file) => /^functions\/[^/_][^/]*\.ts$/.test(file))
+      .map((file) => file.slice("functions/".length, -".ts".length));
+    expect(tracked).toEqual([...SHIPPED_FUNCTIONS]);
+    expect(readdirSync(SHIPPED_DIR).sort()).toEqual([...SHIPPED_FUNCTIONS.map((f) => `${f}.ts`), "_lib"].sort());
   });
 });

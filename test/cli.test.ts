@@ -6,7 +6,7 @@ import { connect } from "nats";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
-import { ROOT, until } from "./helpers.ts";
+import { ROOT, SHIPPED_DIR, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const run = promisify(execFile);
@@ -28,7 +28,7 @@ function project(overrides = ""): { dir: string; config: string } {
   writeFileSync(
     config,
     `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
-      `export default { ...base, functions: ${JSON.stringify(join(ROOT, "functions"))}, state: "state"${overrides} };\n`,
+      `export default { ...base, functions: ${JSON.stringify(SHIPPED_DIR)}, state: "state"${overrides} };\n`,
   );
   return { dir, config };
 }

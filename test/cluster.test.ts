@@ -9,7 +9,7 @@ import { VERB } from "../functions/_lib/provisioning.ts";
 import { start, type Running } from "../runtime/index.ts";
 import { createLogger } from "../runtime/log.ts";
 import { OPERATOR, startTestCluster, type TestCluster } from "../runtime/testing.ts";
-import { projectConfig, request, ROOT, until } from "./helpers.ts";
+import { projectConfig, request, ROOT, SHIPPED_DIR, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const run = promisify(execFile);
@@ -66,7 +66,7 @@ beforeAll(async () => {
   writeFileSync(
     join(dir, "wrangler-free.config.ts"),
     `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
-      `export default { ...base, functions: ${JSON.stringify(join(ROOT, "functions"))}, streams: ${JSON.stringify(streams)} };\n`,
+      `export default { ...base, functions: ${JSON.stringify(SHIPPED_DIR)}, streams: ${JSON.stringify(streams)} };\n`,
   );
   b = await start({ config: { ...tc.configOn(2), streams }, log: createLogger({ LOG_LEVEL: "warn" }) });
   a = await startReplicaA();

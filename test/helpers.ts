@@ -1,12 +1,68 @@
-import { resolve } from "node:path";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import type { NatsConnection } from "nats";
 import { CONFIG_FILE, loadConfig, start, type Config, type Running } from "../runtime/index.ts";
 import { startTestBus, type TestBus, type TestBusOptions } from "../runtime/testing.ts";
 
 export const ROOT = resolve(import.meta.dirname, "..");
 
-/** The project's own config, read without the environment of whoever runs the tests. */
-export const projectConfig = (): Promise<Config> => loadConfig(resolve(ROOT, CONFIG_FILE), {});
+/**
+ * The function files the project ships: tests of the shipped set run on these alone, so a file
+ * a user drops into `functions/` (README, "Adding a function") changes none of them.
+ */
+export const SHIPPED_FUNCTIONS = [
+  "alerts",
+  "provider-failing",
+  "provider-recovered",
+  "provider-rotated",
+  "provisioning",
+  "registry-compile",
+  "rotation-fanout",
+  "status",
+] as const;
+
+/**
+ * A folder of links to the shipped function files and to `functions/_lib`, under `.tmp/`, and
+ * a config file next to it: the project's config with that folder as its functions. Made once
+ * (each test process finds it made, or makes it and moves it in place whole).
+ */
+function shipped(): { functions: string; config: string } {
+  const name = `shipped-${createHash("sha256").update(SHIPPED_FUNCTIONS.join()).digest("hex").slice(0, 12)}`;
+  const functions = join(ROOT, ".tmp", name);
+  const config = join(ROOT, ".tmp", `${name}.config.ts`);
+  if (!existsSync(functions)) {
+    mkdirSync(join(ROOT, ".tmp"), { recursive: true });
+    const making = mkdtempSync(join(ROOT, ".tmp", "shipping-"));
+    for (const file of [...SHIPPED_FUNCTIONS.map((f) => `${f}.ts`), "_lib"]) symlinkSync(join(ROOT, "functions", file), join(making, file));
+    try {
+      renameSync(making, functions);
+    } catch {
+      rmSync(making, { recursive: true, force: true }); // another process made it first
+    }
+  }
+  if (!existsSync(config)) {
+    const text =
+      `import base from ${JSON.stringify(join(ROOT, CONFIG_FILE))};\n` +
+      `export default { ...base, functions: ${JSON.stringify(functions)}, state: ${JSON.stringify(join(ROOT, ".state"))} };\n`;
+    const making = `${config}.${process.pid}`;
+    writeFileSync(making, text);
+    renameSync(making, config);
+  }
+  return { functions, config };
+}
+
+const made = shipped();
+/** The folder of the shipped function files alone ({@link SHIPPED_FUNCTIONS}). */
+export const SHIPPED_DIR = made.functions;
+/** The project's config file, but with {@link SHIPPED_DIR} as its functions, for tests that run the command line. */
+export const SHIPPED_CONFIG = made.config;
+
+/** The project's own config, read without the environment of whoever runs the tests, on the shipped functions alone. */
+export const projectConfig = async (): Promise<Config> => ({
+  ...(await loadConfig(resolve(ROOT, CONFIG_FILE), {})),
+  functions: SHIPPED_DIR,
+});
 
 /** A real nats-server configured as the embedded default, for one test file. */
 export async function testBus(options?: TestBusOptions): Promise<TestBus> {

@@ -7,7 +7,7 @@ import { STATUS } from "../functions/_lib/status.ts";
 import { ConfigError, resolveConfig, start, type Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { isLoopback } from "../runtime/triggers/http.ts";
-import { request, ROOT, startSet, testBus, until } from "./helpers.ts";
+import { request, ROOT, SHIPPED_CONFIG, startSet, testBus, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const CONFIG = join(ROOT, "wrangler-free.config.ts");
@@ -43,7 +43,7 @@ const freePort = (): Promise<number> =>
 function startCli(env: NodeJS.ProcessEnv) {
   const { user, password } = bus.server.seat;
   const { host } = new URL(bus.url);
-  const child = spawn("node", [BIN, "-c", CONFIG, "start"], {
+  const child = spawn("node", [BIN, "-c", SHIPPED_CONFIG, "start"], {
     cwd: ROOT,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, NATS_URL: `nats://${user}:${password}@${host}`, HTTP_PORT: "0", ...env },
   });

@@ -5,10 +5,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { request, ROOT, testBus, until } from "./helpers.ts";
+import { request, ROOT, SHIPPED_CONFIG, testBus, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
-const CONFIG = join(ROOT, "wrangler-free.config.ts");
+const CONFIG = SHIPPED_CONFIG;
 
 /** The environment of the set's process: only the NATS variables given. */
 const envWith = (extra: NodeJS.ProcessEnv): NodeJS.ProcessEnv => {

@@ -11,7 +11,7 @@ import { spawnNatsServer } from "../runtime/nats-server.ts";
 import { authorization, seatPermissions } from "../runtime/permissions.ts";
 import { toConf } from "../runtime/users.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, request, ROOT, startSet, testBus } from "./helpers.ts";
+import { projectConfig, request, ROOT, SHIPPED_CONFIG, startSet, testBus } from "./helpers.ts";
 
 let bus: TestBus;
 
@@ -181,7 +181,7 @@ describe("the seat's permissions, derived from the functions", () => {
     const config = await projectConfig();
     const printed = execFileSync(
       "node",
-      [join(ROOT, "bin", "mesh-provisioner.mjs"), "permissions", "--node", "alder", "--provider", "keycloak"],
+      [join(ROOT, "bin", "mesh-provisioner.mjs"), "-c", SHIPPED_CONFIG, "permissions", "--node", "alder", "--provider", "keycloak"],
       {
         cwd: ROOT,
         encoding: "utf8",

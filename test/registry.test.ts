@@ -3,7 +3,8 @@ import { compileRegistry, compileTable, registryTable } from "../functions/_lib/
 import { formatIssues, LoadError, type WriteBucket } from "../runtime/index.ts";
 import { writeBucket } from "../runtime/buckets.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { projectConfig, startSet, testBus } from "./helpers.ts";
+import { join, relative } from "node:path";
+import { projectConfig, ROOT, SHIPPED_DIR, startSet, testBus } from "./helpers.ts";
 
 const collect = { module: "mesh-provisioner", bucket: "mesh-provisioner_collect", key: "<node>.<collection>.<contributor>" };
 const assignments = { module: "mesh-controller", bucket: "mesh-controller_assignments", key: "<node>.<module>" };
@@ -133,7 +134,7 @@ describe("compiling into the registry bucket", () => {
     const failure = await startSet(bus, { registry: registryRows } as object).catch((e: unknown) => e);
     expect(failure).toBeInstanceOf(LoadError);
     expect((failure as LoadError).problems).toEqual([
-      "wrangler-free.config.ts: registry.1.bucket: a secret is never in a bucket: answer kind secret with a verb (docs/registry.md §3.3) (read by functions/registry-compile.ts)",
+      `wrangler-free.config.ts: registry.1.bucket: a secret is never in a bucket: answer kind secret with a verb (docs/registry.md §3.3) (read by ${relative(ROOT, join(SHIPPED_DIR, "registry-compile.ts"))})`,
     ]);
   });
 });
