@@ -146,6 +146,33 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
   };
 }
 
+/**
+ * Calls `handler` with each message on `subject` that `schema` reads (JSON; others are
+ * skipped) until stopped. Throws a {@link ClientArgumentError} when `handler` is not a function.
+ */
+export function listen<T>(
+  nc: NatsConnection,
+  subject: string,
+  schema: z.ZodType<T>,
+  handler: (value: T) => void | Promise<void>,
+): { stop(): void } {
+  if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
+  const sub = nc.subscribe(subject, {
+    callback: (err, msg) => {
+      if (err) return;
+      let read: unknown;
+      try {
+        read = msg.json();
+      } catch {
+        return;
+      }
+      const parsed = schema.safeParse(read);
+      if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
+    },
+  });
+  return { stop: () => sub.unsubscribe() };
+}
+
 /** Every entry of a verb's answer across its pages (docs/verb.md §4.5), each page asked after the last. */
 export async function allPages<E>(mesh: Mesh, request: Record<string, unknown>): Promise<{ entries: E[]; outOfShape: unknown[] }> {
   const entries: E[] = [];

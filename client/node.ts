@@ -6,7 +6,18 @@ import type { KV, NatsConnection } from "nats";
 import { z } from "zod";
 import { encodeCollection, token } from "../functions/_lib/keys.ts";
 import { refreshSubject } from "../functions/_lib/rotation.ts";
-import { allPages, checked, ClientArgumentError, collectionArg, needOf, openMesh, tokenArg, type Mesh, type MeshOptions } from "./mesh.ts";
+import {
+  allPages,
+  checked,
+  ClientArgumentError,
+  collectionArg,
+  listen,
+  needOf,
+  openMesh,
+  tokenArg,
+  type Mesh,
+  type MeshOptions,
+} from "./mesh.ts";
 
 /** A node client's options: the mesh, and the node it writes for. The user defaults to the node's name. */
 export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
@@ -154,23 +165,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       const key = `${node}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
       await (await kv("collect")).delete(key);
     },
-    onRefresh(handler) {
-      if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
-      const sub = mesh.nc.subscribe(refreshSubject(node), {
-        callback: (err, msg) => {
-          if (err) return;
-          let read: unknown;
-          try {
-            read = msg.json();
-          } catch {
-            return;
-          }
-          const parsed = notice.safeParse(read);
-          if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
-        },
-      });
-      return { stop: () => sub.unsubscribe() };
-    },
+    onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), notice, handler),
     ask: (request) => mesh.request("provisioning", request),
     status: (narrowing = {}) => mesh.request("status", narrowing),
     close: () => mesh.nc.drain(),

@@ -7,7 +7,7 @@ import pRetry, { AbortError } from "p-retry";
 import { z } from "zod";
 import { failingEvent, recoveredEvent } from "../functions/_lib/follower.ts";
 import { releasedSubject, rotatedEvent } from "../functions/_lib/rotation.ts";
-import { allPages, checked, ClientArgumentError, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
+import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
 export interface ProviderOptions extends Omit<MeshOptions, "credentials"> {
@@ -90,23 +90,7 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
       const event = { provision, revision, at: new Date().toISOString(), ...holder };
       return publish("rotated", checked("", rotatedEvent, event));
     },
-    onReleased(handler) {
-      if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
-      const sub = mesh.nc.subscribe(releasedSubject(provider), {
-        callback: (err, msg) => {
-          if (err) return;
-          let read: unknown;
-          try {
-            read = msg.json();
-          } catch {
-            return;
-          }
-          const parsed = released.safeParse(read);
-          if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
-        },
-      });
-      return { stop: () => sub.unsubscribe() };
-    },
+    onReleased: (handler) => listen(mesh.nc, releasedSubject(provider), released, handler),
     async holders(provision) {
       return (await allPages(mesh, { what: "holders", provision: tokenArg("provision", provision) })).entries;
     },
