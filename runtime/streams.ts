@@ -1,7 +1,8 @@
 /**
  * Read handles of the config's streams (`access.streams`, docs/runtime.md §6.4): a stream's
  * messages got one by one by sequence from its leader (`$JS.API.STREAM.MSG.GET.<stream>`), newest
- * first. No consumer is made: the seat is granted the stream's info and gets only (§6.7).
+ * first. No consumer is made: the seat is granted the stream's info and gets only
+ * (docs/runtime.md §6.7).
  */
 import type { NatsConnection } from "nats";
 import { ServiceError } from "./errors.ts";
