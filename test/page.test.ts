@@ -120,6 +120,7 @@ describe("the page GET /", () => {
     const page = await browser.newPage();
     const answer = await page.goto(`${url}/?node=not.one&colour=red`);
     expect(answer!.status()).toBe(400);
+    expect(answer!.headers()["content-type"]).toBe("text/html; charset=utf-8");
     expect(await page.locator("#refusal").innerText()).toBe(
       "node: must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing; colour: unknown field",
     );

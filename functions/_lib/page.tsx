@@ -136,7 +136,11 @@ function FailingList({ o }: { o: Overview }) {
 }
 
 function Conditions({ m }: { m: ModuleState }) {
-  if (m.conditions.length === 0 && m.error === undefined) return <p class="none">No condition.</p>;
+  if (m.conditions.length === 0 && m.error === undefined) {
+    return (
+      <p class="none">{m.state === "unassigned" ? "Left on this node: the controller no longer assigns it here." : "No condition."}</p>
+    );
+  }
   return (
     <ul class="conditions">
       {m.error === undefined ? "" : <li>error of its last pass: {m.error}</li>}
