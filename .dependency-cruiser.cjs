@@ -47,6 +47,6 @@ module.exports = {
     exclude: { path: "^(node_modules|\\.state|test/bench/results)" },
     tsPreCompilationDeps: true,
     tsConfig: { fileName: "tsconfig.json" },
-    enhancedResolveOptions: { extensions: [".ts", ".js", ".mjs"] },
+    enhancedResolveOptions: { extensions: [".ts", ".tsx", ".js", ".mjs"] },
   },
 };

@@ -21,7 +21,7 @@ import {
   toConf,
   type Running,
 } from "../runtime/index.ts";
-import { DEFAULT_WHAT, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
+import { DEFAULT_WHAT, HISTORY, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, showWhole, whatHelp } from "./ask.ts";
 import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, demoBus, publishDemoEvent, publishDemoRotation, writeDemo } from "./demo.ts";
@@ -88,6 +88,7 @@ ask
   .addOption(new Option("--limit <n>", "ask one page of at most n entries").argParser(positive))
   .option("--cursor <cursor>", "ask the page after this cursor (the `next` of a page)")
   .option("--stale", "answer from the live view without asking the server whether it is current (says when it last was)")
+  .option("--since <time>", "with history: the events stored at or after this RFC 3339 time")
   .option("--json", "print the answer as JSON")
   .action(async (what: string, options: Record<string, unknown>) => {
     const { json, ...fields } = options;
@@ -99,7 +100,9 @@ ask
       const shownAs = () =>
         answer.what === STATE
           ? formatStates(answer as Parameters<typeof formatStates>[0], new Date())
-          : formatAnswer(answer as Parameters<typeof formatAnswer>[0]);
+          : answer.what === HISTORY || answer.what === HOLDERS || answer.what === ROTATIONS
+            ? JSON.stringify(answer, null, 2)
+            : formatAnswer(answer as Parameters<typeof formatAnswer>[0]);
       console.log(json ? JSON.stringify(answer, null, 2) : shownAs());
     } finally {
       await session.close();

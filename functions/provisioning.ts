@@ -4,7 +4,10 @@ import {
   answerSchema,
   answerItemsPage,
   answerStatePage,
+  answerHistoryPage,
   cursorsOf,
+  HISTORY,
+  historyBefore,
   HOLDERS,
   ROTATIONS,
   provisioningRequest,
@@ -17,10 +20,13 @@ import {
 import { appliedIndex } from "./_lib/applied.ts";
 import { heldIn, holdersIndex, isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
 import { currentModel, provisioningConfig, snapshotsOf } from "./_lib/state.ts";
+import { historyOf } from "./_lib/history.ts";
+import { EVENTS_STREAM } from "./_lib/follower.ts";
 
 /**
  * The verb of docs/verb.md §4: read-only views of the registry and of what node clients
- * recorded, the module states of docs/state.md §7, and the holders and rotations of docs/rotation.md §8.
+ * recorded, the module states of docs/state.md §7, the holders and rotations of docs/rotation.md §8,
+ * and the events' history of docs/failing.md §5.8.
  */
 export default defineFunction({
   description:
@@ -29,9 +35,18 @@ export default defineFunction({
   input: provisioningRequest,
   output: answerSchema,
   config: provisioningConfig,
-  access: { views: [...WHATS, "assignments", "failing", "rotations"] },
+  access: { views: [...WHATS, "assignments", "failing", "rotations"], streams: [EVENTS_STREAM] },
   handler: async (request, ctx) => {
     const cursors = cursorsOf(request);
+    if (request.what === HISTORY) {
+      const { provider, machine, consumer, since } = request;
+      const items = await historyOf(
+        ctx.streams[EVENTS_STREAM]!,
+        { provider, machine, consumer },
+        { before: historyBefore(cursors), since: since === undefined ? undefined : new Date(since), count: request.limit + 1 },
+      );
+      return answerHistoryPage(request, items, ctx.limits.maxPayload, cursors);
+    }
     if (request.what === STATE) {
       const { graceSeconds } = ctx.config.provisioning;
       const model = await currentModel(await snapshotsOf(ctx.views, request.stale), graceSeconds, ctx.config.rotation.graceSeconds);

@@ -11,6 +11,7 @@ import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { AccessError, ServiceError } from "./errors.ts";
 import { declareMetric, type Metrics } from "./metrics.ts";
 import type { Storage } from "./storage.ts";
+import { readStream, type ReadStream } from "./streams.ts";
 import { subjectMatches } from "./subjects.ts";
 import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, Snapshot, StoreUse, ViewBucket, WriteBucket } from "./types.ts";
 
@@ -25,14 +26,16 @@ function readOnly(fn: string, handle: ReadBucket): ReadBucket {
 }
 
 /** `ctx.buckets` or `ctx.views`: asking for a bucket of the config the function did not declare throws, naming both. */
-function guarded<T extends object>(fn: string, buckets: T, known: readonly string[], side: "buckets" | "views"): T {
+function guarded<T extends object>(fn: string, buckets: T, known: readonly string[], side: "buckets" | "views" | "streams"): T {
   return new Proxy(buckets, {
     get(target, key, receiver) {
       if (typeof key === "string" && !(key in target) && known.includes(key)) {
         throw new AccessError(
           side === "buckets"
             ? `function ${fn} uses bucket ${key}, which its access does not declare`
-            : `function ${fn} uses a view of bucket ${key}, which its access.views does not declare`,
+            : side === "views"
+              ? `function ${fn} uses a view of bucket ${key}, which its access.views does not declare`
+              : `function ${fn} reads stream ${key}, which its access.streams does not declare`,
         );
       }
       return Reflect.get(target, key, receiver);
@@ -116,6 +119,8 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
         localSnapshot: () => snapshotOf(view.localSnapshot()),
       };
     }
+    const streams: Record<string, ReadStream> = {};
+    for (const name of access?.streams ?? []) streams[name] = readStream(nc, config.streams[name]!.stream);
     const publishes = access?.publishes ?? [];
     const fnLog = log.child({ function: fn.name });
     const declared: Record<string, ReturnType<typeof declareMetric>> = {};
@@ -133,6 +138,7 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
       function: fn.name,
       buckets: guarded(fn.name, Object.freeze(buckets), Object.keys(config.buckets), "buckets") as AnyContext["buckets"],
       views: guarded(fn.name, Object.freeze(live), Object.keys(config.buckets), "views"),
+      streams: guarded(fn.name, Object.freeze(streams), Object.keys(config.streams), "streams"),
       metrics: Object.freeze(declared) as AnyContext["metrics"],
       log: fnLog,
       config: schema === undefined ? {} : schema.parse(config),

@@ -8,6 +8,7 @@ import { RESERVED, reserved, SUBJECT_PATTERN } from "./subjects.ts";
 import type { Logger } from "pino";
 import { KINDS, kindOf, type KindInfo, type Trigger } from "./triggers/index.ts";
 import type { Clock, MetricDeclaration, MetricHandles, ReadBucket, RuntimeRecords, ViewBucket, WriteBucket } from "./types.ts";
+import type { ReadStream } from "./streams.ts";
 
 export type { Trigger };
 
@@ -37,6 +38,11 @@ export interface Context<
    * before the read is in it) at a cost that follows the answer, not the bucket.
    */
   readonly views: { readonly [B in Views]: ViewBucket };
+  /**
+   * A read handle per stream of `access.streams` (by its name in the config's `streams`): its
+   * messages by sequence, newest first (docs/runtime.md §6.4); any other name throws an `AccessError`.
+   */
+  readonly streams: Readonly<Record<string, ReadStream>>;
   /** A handle per metric of the definition's `metrics`. */
   readonly metrics: MetricHandles<Declared>;
   readonly log: Logger;
@@ -82,13 +88,15 @@ export interface FunctionDefinition<
   /**
    * What the function may touch: buckets (by their name in the config's `buckets`) it reads,
    * writes and reads through a live view (`views`: kept in memory by the function set, shared
-   * by every function naming the bucket), and subjects (wildcards allowed) it publishes. The
+   * by every function naming the bucket), streams (by their name in the config's `streams`) it
+   * reads by sequence, and subjects (wildcards allowed) it publishes. The
    * seat's permissions are derived from these, and `ctx` hands out nothing else.
    */
   readonly access?: {
     readonly reads?: readonly Reads[];
     readonly writes?: readonly Writes[];
     readonly views?: readonly Views[];
+    readonly streams?: readonly string[];
     readonly publishes?: readonly string[];
   };
   /** Metrics of the function's own, by name: `ctx.metrics.<name>` in the handler. */
@@ -183,6 +191,7 @@ export const definitionSchema = z.strictObject({
       reads: bucketNames.optional(),
       writes: bucketNames.optional(),
       views: bucketNames.optional(),
+      streams: bucketNames.optional(),
       publishes: z
         .array(
           z

@@ -29,9 +29,10 @@ export type {
   ViewBucket,
   WriteBucket,
 } from "./types.ts";
+export type { ReadStream, StreamMessage } from "./streams.ts";
 export { defineConfig, loadConfig, resolveConfig, configPath, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
 export { ServiceError, RevisionConflict, badInput, formatIssues } from "./errors.ts";
-export { JsonText, WithStatus } from "./json.ts";
+export { HtmlText, JsonText, WithStatus } from "./json.ts";
 export { keyedSerial } from "./serial.ts";
 export { createLogger } from "./log.ts";
 export { loadFunction, loadFunctions, checkFunctions, LoadError } from "./loader.ts";

@@ -7,8 +7,21 @@ export class JsonText {
   constructor(readonly text: string) {}
 }
 
-/** The JSON text of a handler's answer: a {@link JsonText} as it is, anything else serialised (`undefined` as `null`). */
-export const jsonOf = (value: unknown): string => (value instanceof JsonText ? value.text : JSON.stringify(value ?? null));
+/**
+ * A handler's answer as an HTML document (docs/runtime.md §6.2.1): an HTTP trigger sends `text` as
+ * it is with `content-type: text/html; charset=utf-8`; a reply, `invoke` and an event see the
+ * text as one JSON string.
+ */
+export class HtmlText {
+  constructor(readonly text: string) {}
+}
+
+/**
+ * The JSON text of a handler's answer: a {@link JsonText} as it is, an {@link HtmlText} as a JSON
+ * string, anything else serialised (`undefined` as `null`).
+ */
+export const jsonOf = (value: unknown): string =>
+  value instanceof JsonText ? value.text : JSON.stringify(value instanceof HtmlText ? value.text : (value ?? null));
 
 /**
  * A handler's answer with the HTTP status its HTTP triggers answer it with

@@ -75,7 +75,7 @@ const said = (file: string, i: number, problems: readonly Problem[]) =>
 
 /**
  * Checks a loaded function set against itself and the config: no subject, route or metric
- * taken twice (both files named), no metric named as the runtime's, streams of event triggers exist in `config.streams`, buckets in
+ * taken twice (both files named), no metric named as the runtime's, streams of event triggers and of `access.streams` exist in `config.streams`, buckets in
  * `access` exist in `config.buckets`, each function's
  * `config` schema accepts the config, and every config field is read by the runtime or a
  * function. Returns the problems, one sentence each; none means the set can start.
@@ -122,6 +122,12 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
             `${shown(fn.file)}: access.writes: bucket "${bucket}" is written by nodes only (docs/buckets.md §2), never by the seat`,
           );
         }
+      }
+    }
+    for (const stream of access?.streams ?? []) {
+      if (config.streams[stream] === undefined) {
+        const known = Object.keys(config.streams);
+        problems.push(`${shown(fn.file)}: access.streams: no stream "${stream}" in the config (it has ${known.join(", ") || "none"})`);
       }
     }
     if (schema === undefined) continue;

@@ -52,7 +52,8 @@ export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
 /**
  * Exactly what the seat's user needs to run `functions` (docs/runtime.md §6.7): assert every
  * bucket of the config and the runtime's own; read the buckets functions read or write; write
- * (`$KV.<b>.>`) only seat-written buckets functions write, and the runtime's; publish what
+ * (`$KV.<b>.>`) only seat-written buckets functions write, and the runtime's; get by sequence the
+ * streams functions read (`access.streams`); publish what
  * functions declare in `access.publishes`; what each trigger kind needs for its triggers (the
  * verbs and the NATS service's discovery subjects, the streams and durable consumers of events);
  * reply on `_INBOX.>`; receive replies on `_INBOX.<seat>.>`. Never `$JS.API.>` or `$JS.>`, and
@@ -87,6 +88,11 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.MSG.GET.${kvStream(b)}`,
         ]),
         ...[...written.map(bucketOf), runtime, claims].map((b) => `$KV.${b}.>`),
+        // A stream of `access.streams`: its info and its leader's get by sequence, no consumer.
+        ...unique(functions.flatMap(({ definition: { access } }) => access?.streams ?? [])).flatMap((name) => [
+          `$JS.API.STREAM.INFO.${config.streams[name]!.stream}`,
+          `$JS.API.STREAM.MSG.GET.${config.streams[name]!.stream}`,
+        ]),
         ...kinds.flatMap((k) => k.publish),
         ...functions.flatMap((fn) => fn.definition.access?.publishes ?? []),
         // Replies to its verbs' requesters (the runtime answers no other reply subject): inboxes of

@@ -11,7 +11,7 @@ import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
-import { JsonText, WithStatus } from "./json.ts";
+import { HtmlText, JsonText, WithStatus } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
@@ -201,11 +201,12 @@ export async function openRunner({
 
 /**
  * Runs one function once with the context the runtime builds (trigger `invoke`), for tests and
- * the CLI. Returns the handler's answer (a {@link JsonText} parsed); throws a `ServiceError`
+ * the CLI. Returns the handler's answer (a {@link JsonText} parsed, an {@link HtmlText} as its text); throws a `ServiceError`
  * with the refusal's code.
  */
 export async function invoke(runner: Runner, fn: LoadedFunction, input: unknown = {}): Promise<unknown> {
   const outcome = await runner.run(fn, { value: input }, { kind: "invoke" });
   if (!outcome.ok) throw new ServiceError(outcome.error.code, outcome.error.message);
+  if (outcome.value instanceof HtmlText) return outcome.value.text;
   return outcome.value instanceof JsonText ? JSON.parse(outcome.value.text) : outcome.value;
 }

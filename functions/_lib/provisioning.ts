@@ -5,6 +5,8 @@ import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/inde
 import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
 import { registryValue } from "./registry.ts";
 import { modulesOf, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
+import { HISTORY, HISTORY_NARROWINGS, historyEntrySchema, type HistoryItem } from "./history.ts";
+import { rfc3339 } from "./times.ts";
 
 /** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";
@@ -30,6 +32,8 @@ export const VERB_SHAPE = {
     collection: { schema: collectionName, value: "name", help: "narrow to one collection, by its name (shell:zsh:normal)" },
     provision: { schema: token, value: "provision", help: "the provision (holders: required; rotations: narrow to one)" },
     provider: { schema: token, value: "provider", help: "narrow to one provider" },
+    machine: { schema: token, value: "machine", help: "narrow to one machine (history)" },
+    consumer: { schema: token, value: "consumer", help: "narrow to one consumer (history)" },
   },
 } as const satisfies {
   // Each `what` is a bucket's key shape, and narrows only by fields of its keys.
@@ -55,21 +59,25 @@ export const STATE = "state";
 export const HOLDERS = "holders";
 /** The `what` of the kept rotations (docs/rotation.md §8.6). */
 export const ROTATIONS = "rotations";
-/** Every `what` a request may name: the buckets', the module states, the holders and the rotations. */
-export const ASKED = [...WHATS, STATE, HOLDERS, ROTATIONS] as const;
+export { HISTORY };
+/** Every `what` a request may name: the buckets', the module states, the holders, the rotations and the events' history. */
+export const ASKED = [...WHATS, STATE, HOLDERS, ROTATIONS, HISTORY] as const;
 export type Asked = (typeof ASKED)[number];
 /** What the module states narrow by: the node and module of their keys. */
 export const STATE_NARROWINGS = ["node", "module"] as const satisfies readonly Narrowing[];
 /** What each `what` beyond the buckets' takes. */
-const DERIVED_NARROWINGS: Readonly<Record<typeof STATE | typeof HOLDERS | typeof ROTATIONS, readonly Narrowing[]>> = {
+const DERIVED_NARROWINGS: Readonly<Record<typeof STATE | typeof HOLDERS | typeof ROTATIONS | typeof HISTORY, readonly Narrowing[]>> = {
   [STATE]: STATE_NARROWINGS,
   [HOLDERS]: ["provision", "node", "kind"],
   [ROTATIONS]: ["provider", "provision"],
+  [HISTORY]: HISTORY_NARROWINGS,
 };
 
 /** The narrowing fields `what` takes. */
 const narrowingsOf = (what: Asked): readonly Narrowing[] =>
-  what === STATE || what === HOLDERS || what === ROTATIONS ? DERIVED_NARROWINGS[what] : VERB_SHAPE.whats[what].narrowings;
+  what === STATE || what === HOLDERS || what === ROTATIONS || what === HISTORY
+    ? DERIVED_NARROWINGS[what]
+    : VERB_SHAPE.whats[what].narrowings;
 
 export const DEFAULT_LIMIT = 1000;
 export const MAX_LIMIT = 10_000;
@@ -96,6 +104,8 @@ export const provisioningRequest = z
     ...narrowingFields,
     // With what=state: one state of docs/state.md §7.
     state: z.enum(STATES).optional(),
+    // With what=history: the events stored at or after this time (docs/failing.md §5.8).
+    since: rfc3339.optional(),
     limit: count.default(DEFAULT_LIMIT),
     cursor: z.string().min(1).optional(),
     // Answer from the live view without asking the server whether it is current (docs/verb.md §4.6).
@@ -125,6 +135,9 @@ export const provisioningRequest = z
     if (request.state !== undefined && request.what !== STATE) {
       ctx.addIssue({ code: "custom", path: ["state"], message: `does not apply to what=${request.what} (it narrows ${STATE})` });
     }
+    if (request.since !== undefined && request.what !== HISTORY) {
+      ctx.addIssue({ code: "custom", path: ["since"], message: `does not apply to what=${request.what} (it narrows ${HISTORY})` });
+    }
   });
 
 export type ProvisioningRequest = z.output<typeof provisioningRequest>;
@@ -143,6 +156,7 @@ const ANSWER_MEMBERS = {
         .looseObject({ key: z.string(), value: z.unknown(), revision: z.number().int(), at: z.string() })
         .describe("the key, its fields by name (node, module, kind, name, collection, contributor), the value as the node wrote it"),
       moduleStateSchema.describe("with what=state: a module's state, since when, and its conditions (docs/state.md §7)"),
+      historyEntrySchema.describe("with what=history: an event the stream holds, newest first (docs/failing.md §5.8)"),
     ]),
   ),
   // Each a key the narrowing reached that is not an entry, and why.
@@ -173,7 +187,9 @@ function answerText(members: { readonly [M in keyof Answer]: string }): string {
 /** The narrowing of a request, as key fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
   const fields = narrowingsOf(request.what).flatMap((field) => (request[field] === undefined ? [] : [[field, request[field]]]));
-  return Object.fromEntries(request.state === undefined ? fields : [...fields, ["state", request.state]]);
+  if (request.state !== undefined) fields.push(["state", request.state]);
+  if (request.since !== undefined) fields.push(["since", request.since]);
+  return Object.fromEntries(fields);
 }
 
 /** The key filters a request reads with: never the whole bucket when it narrows. */
@@ -383,6 +399,35 @@ export function answerStatePage(
   return fillPage(STATE, request.limit, cursors, maxPayload, items(), misshapen, confirmedAt);
 }
 
+/**
+ * The stream sequence a history request's cursor continues below; `undefined` without a cursor.
+ * Throws a 400 for a cursor whose key is not a sequence.
+ */
+export function historyBefore(cursors: Cursors): number | undefined {
+  if (cursors.after === undefined) return undefined;
+  if (!/^[1-9]\d{0,15}$/.test(cursors.after)) throw badInput(NOT_A_CURSOR);
+  return Number(cursors.after);
+}
+
+/**
+ * One page of the history (docs/failing.md §5.8): `items` newest first (one more than the page
+ * holds is enough to know whether some remain), refused events in `outOfShape` in their place,
+ * paged as {@link fillPage} pages, the cursor continuing below the last sequence shown.
+ */
+export function answerHistoryPage(
+  request: ProvisioningRequest,
+  items: readonly HistoryItem[],
+  maxPayload: number,
+  cursors: Cursors,
+): JsonText {
+  const texts = items.map((item) =>
+    "entry" in item
+      ? { key: item.entry.key, text: JSON.stringify(item.entry) }
+      : { key: item.refused.key, text: JSON.stringify(item.refused), outOfShape: true },
+  );
+  return fillPage(HISTORY, request.limit, cursors, maxPayload, texts, []);
+}
+
 // A module's entry text while it is unchanged and not Late: the model keeps the same object.
 const entryTexts = new WeakMap<object, string>();
 function entryText(kept: { base: object }, at: object): string {
@@ -426,7 +471,7 @@ function fillPage(
   limit: number,
   cursors: Cursors,
   maxPayload: number,
-  items: Iterable<{ key: string; text: string }>,
+  items: Iterable<{ key: string; text: string; outOfShape?: boolean }>,
   outOfShape: readonly { key: string; reason: string }[],
   confirmedAt?: Date | null,
 ): JsonText {
@@ -450,10 +495,11 @@ function fillPage(
   // The key the next page continues after: the last one on this page, else what came before it.
   let lastKey = cursors.after ?? "";
   let more = false;
+  let taken = 0;
   const iterator = items[Symbol.iterator]();
   for (let next = iterator.next(); !next.done; next = iterator.next()) {
     const item = next.value;
-    if (entries.length === limit) {
+    if (taken === limit) {
       more = true;
       break;
     }
@@ -471,9 +517,10 @@ function fillPage(
       more = !iterator.next().done;
       break;
     }
-    entries.push(item.text);
+    (item.outOfShape === true ? misshapen : entries).push(item.text);
     size += itemSize;
     lastKey = item.key;
+    taken++;
   }
   return new JsonText(
     answerText({

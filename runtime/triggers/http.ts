@@ -12,7 +12,7 @@ import { bearerAuth } from "hono/bearer-auth";
 import { HTTPException } from "hono/http-exception";
 import { z } from "zod";
 import { errorBody } from "../errors.ts";
-import { jsonOf } from "../json.ts";
+import { HtmlText, jsonOf } from "../json.ts";
 import type { RawInput } from "../types.ts";
 import type { BindEnv, FunctionRef, Target, TriggerKind } from "./kind.ts";
 
@@ -47,6 +47,7 @@ async function httpInput(c: HonoContext): Promise<RawInput> {
 
 /** A fresh header object per answer: Hono keeps and changes the one it is given. */
 const jsonType = () => ({ "content-type": "application/json" });
+const htmlType = () => ({ "content-type": "text/html; charset=utf-8" });
 
 const refusal = (code: number, message: string) => new Response(errorBody(code, message), { status: code, headers: jsonType() });
 
@@ -79,7 +80,7 @@ export function isLoopback(host: string): boolean {
 }
 
 /**
- * One Hono app with a route per trigger. Answers are JSON, with the status the run asked for
+ * One Hono app with a route per trigger. Answers are JSON (an `HtmlText` one HTML), with the status the run asked for
  * (200 unless the handler gave `WithStatus`); a refusal has the status of its code and the body
  * of docs/verb.md §4; an unknown route is a JSON 404. With `token`, every path but
  * {@link OPEN_PATHS} asks for it first ({@link tokenGuard}). Besides, `GET /healthz`
@@ -110,6 +111,7 @@ export function httpApp<F extends FunctionRef>(
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
+      if (outcome.ok && outcome.value instanceof HtmlText) return c.body(outcome.value.text, (outcome.status ?? 200) as 200, htmlType());
       if (outcome.ok) return c.body(jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());
     });

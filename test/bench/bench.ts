@@ -11,6 +11,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir, totalmem } from "node:os";
 import { join, resolve } from "node:path";
+import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnection } from "nats";
 import { Bench } from "tinybench";
@@ -22,6 +23,7 @@ import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
 import { targetsOf } from "../../runtime/triggers/kind.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 import { STATUS } from "../../functions/_lib/status.ts";
+import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
 
 const ROOT = resolve(import.meta.dirname, "../..");
 const RESULTS = join(import.meta.dirname, "results.json");
@@ -48,6 +50,16 @@ const line = (text: string) => process.stdout.write(`${text}\n`);
 const IDLE_MS = 10_000;
 const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/** A TCP port free now on the loopback. */
+const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const probe = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address() as { port: number };
+      probe.close(() => resolve(port));
+    });
+    probe.once("error", reject);
+  });
 
 /** Spawns a process of this project and resolves once a line of its stdout or stderr matches `ready`. */
 async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ process: ChildProcess; line: string }> {
@@ -153,11 +165,13 @@ async function main() {
   const js = nc.jetstream();
   const jsm = await nc.jetstreamManager();
 
+  const httpPort = await freePort();
   const seatEnv = {
     NATS_URL: server.url,
     NATS_USER: server.seat.user,
     NATS_PASSWORD: server.seat.password,
-    HTTP_PORT: "0",
+    // A known port: the page's figures are asked over HTTP (docs/page.md §10.5).
+    HTTP_PORT: String(httpPort),
     LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
   };
   // BENCH_PROFILE=<folder>: each run of the set writes a V8 CPU profile there when it stops.
@@ -323,6 +337,8 @@ async function main() {
     conn.request(STATUS, encoder.encode("{}"), { timeout: 30_000 }).then((m) => {
       if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`status refused: ${m.headers.get("Nats-Service-Error")}`);
     });
+  // The page with every module of 1,000 nodes assigned (docs/page.md §10.5).
+  const page1k = await pageFigures(`http://127.0.0.1:${httpPort}`);
   const firstState = performance.now();
   const nodeStates = await askVerb(nc, { what: "state", node: "n5" });
   const firstStateMs = performance.now() - firstState;
@@ -504,6 +520,8 @@ async function main() {
 
   await stopChild(echo.process);
   await nc.close();
+  // The demo mesh's page, on a server of its own.
+  const pageDemo = await demoPageFigures();
 
   // The table.
   const echo100k = at100k.echo!.p50;
@@ -535,6 +553,7 @@ async function main() {
       storeLoopEventsPerSecond: storeRate,
     },
     rssBytes: rss,
+    page: { demo: pageDemo, nodes1k: page1k, ownBytes: OWN_BYTES },
     rotation: { holders, heldBy: NODES, toLastNoticeMs: toLastNotice, toReleaseMs: toRelease },
     state: {
       modules: NODES * MODULES,
@@ -627,6 +646,15 @@ async function main() {
       "RSS without · with the state (10,000 assigned modules)",
       `${(rssWithoutState / 1e6).toFixed(0)} MB · ${(rssWithState / 1e6).toFixed(0)} MB`,
     ],
+    [
+      "page GET /: render p50 · HTML · parts JSON (demo mesh)",
+      `${ms(pageDemo.p50Ms)} · ${pageDemo.htmlBytes} B · ${pageDemo.partsBytes} B`,
+    ],
+    [
+      "page GET /: render p50 · HTML · parts JSON (1,000 nodes, 10,000 modules)",
+      `${ms(page1k.p50Ms)} · ${page1k.htmlBytes} B · ${page1k.partsBytes} B`,
+    ],
+    ["page's own style · script", `${OWN_BYTES.style} B · ${OWN_BYTES.script} B`],
     [
       "start-to-ready · process spawn-to-ready · read all viewed buckets (medians of 3)",
       `${readyMs} ms · ${Math.round(processReady)} ms · ${Math.round(readAllMs)} ms`,

@@ -1,0 +1,86 @@
+/**
+ * Read handles of the config's streams (`access.streams`, docs/runtime.md §6.4): a stream's
+ * messages got one by one by sequence from its leader (`$JS.API.STREAM.MSG.GET.<stream>`), newest
+ * first. No consumer is made: the seat is granted the stream's info and gets only
+ * (docs/runtime.md §6.7).
+ */
+import type { NatsConnection } from "nats";
+import { ServiceError } from "./errors.ts";
+
+/** One stored message of a stream. */
+export interface StreamMessage {
+  readonly seq: number;
+  readonly subject: string;
+  readonly data: Uint8Array;
+  /** When the server stored it. */
+  readonly time: Date;
+}
+
+/** What `ctx.streams.<name>` holds: a stream's messages, read by sequence. */
+export interface ReadStream {
+  /** The stream's name on the server. */
+  readonly stream: string;
+  /** Its first and last sequences and how many messages it holds; all 0 when it does not exist (yet). */
+  info(): Promise<{ readonly firstSeq: number; readonly lastSeq: number; readonly messages: number }>;
+  /** The message of sequence `seq`, or `null` when the stream holds none there (deleted, aged out). */
+  get(seq: number): Promise<StreamMessage | null>;
+  /**
+   * The stream's messages newest first: those below sequence `before` (all without it), stored
+   * at or after `since` (all without it); read {@link GETS} at a time.
+   */
+  newest(options?: { readonly before?: number; readonly since?: Date }): AsyncGenerator<StreamMessage>;
+}
+
+/** Gets asked at once while walking a stream. */
+export const GETS = 64;
+const TIMEOUT_MS = 5000;
+
+type GetAnswer = {
+  error?: { code?: number; description?: string };
+  message?: { subject: string; seq: number; data?: string; time: string };
+};
+type InfoAnswer = { error?: { code?: number; description?: string }; state?: { first_seq: number; last_seq: number; messages: number } };
+
+/** The read handle of the server's stream `stream`, over `nc`. A get the server refuses otherwise than "no message" throws a 500. */
+export function readStream(nc: NatsConnection, stream: string): ReadStream {
+  const ask = async <T>(subject: string, body: unknown): Promise<T> =>
+    (await nc.request(subject, JSON.stringify(body), { timeout: TIMEOUT_MS })).json() as T;
+  const info = async () => {
+    const answer = await ask<InfoAnswer>(`$JS.API.STREAM.INFO.${stream}`, {});
+    if (answer.error?.code === 404) return { firstSeq: 0, lastSeq: 0, messages: 0 };
+    if (answer.state === undefined) throw new ServiceError(500, `stream ${stream}: ${answer.error?.description ?? "no state in its info"}`);
+    return { firstSeq: answer.state.first_seq, lastSeq: answer.state.last_seq, messages: answer.state.messages };
+  };
+  const get = async (seq: number): Promise<StreamMessage | null> => {
+    const answer = await ask<GetAnswer>(`$JS.API.STREAM.MSG.GET.${stream}`, { seq });
+    if (answer.error?.code === 404) return null;
+    if (answer.message === undefined)
+      throw new ServiceError(500, `stream ${stream}: ${answer.error?.description ?? "no message in the answer"}`);
+    const { subject, data, time } = answer.message;
+    return {
+      seq: answer.message.seq,
+      subject,
+      data: data === undefined ? new Uint8Array() : new Uint8Array(Buffer.from(data, "base64")),
+      time: new Date(time),
+    };
+  };
+  async function* newest(options: { before?: number; since?: Date } = {}): AsyncGenerator<StreamMessage> {
+    const { firstSeq, lastSeq } = await info();
+    if (lastSeq === 0) return;
+    let top = Math.min(lastSeq, (options.before ?? lastSeq + 1) - 1);
+    const since = options.since?.getTime();
+    while (top >= firstSeq) {
+      const low = Math.max(firstSeq, top - GETS + 1);
+      const seqs = Array.from({ length: top - low + 1 }, (_, i) => top - i);
+      const got = await Promise.all(seqs.map(get));
+      for (const message of got) {
+        if (message === null) continue;
+        // Stored times grow with the sequence: the first older than `since` ends the walk.
+        if (since !== undefined && message.time.getTime() < since) return;
+        yield message;
+      }
+      top = low - 1;
+    }
+  }
+  return Object.freeze({ stream, info, get, newest });
+}

@@ -1,0 +1,196 @@
+/// <reference lib="dom" />
+import { chromium, type Browser, type Page } from "playwright-core";
+import { resolve } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectProvider } from "../client/index.ts";
+import { publishDemoEvent, writeDemo, type DemoBus } from "../cli/demo.ts";
+import { DEMO_FAILING } from "../demo/mesh.ts";
+import { STATES } from "../functions/_lib/state.ts";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { ROOT, startSet, testBus, until } from "./helpers.ts";
+
+/** Debian's chromium, never a browser download (docs/page.md §10.5). */
+const CHROMIUM = "/usr/bin/chromium";
+const ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+const DESKTOP = { width: 1280, height: 800 };
+const PHONE = { width: 390, height: 844 };
+
+let bus: TestBus;
+let set: Running;
+let demo: DemoBus;
+let browser: Browser;
+let url: string;
+
+beforeAll(async () => {
+  bus = await testBus();
+  set = await startSet(bus);
+  url = set.httpUrl;
+  demo = { servers: [bus.url], credentials: (user) => bus.server.users[user]! };
+  await writeDemo(bus.config, demo);
+  await publishDemoEvent(demo, "failing");
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ARGS });
+});
+afterAll(async () => {
+  await browser?.close();
+  await set?.stop();
+  await bus?.stop();
+});
+
+const open = async (path = "/", viewport = DESKTOP): Promise<Page> => {
+  const page = await browser.newPage({ viewport });
+  await page.goto(`${url}${path}`);
+  return page;
+};
+
+/** Publishes as a demo provider through the client library. */
+const asProvider = async (provider: string, act: (client: Awaited<ReturnType<typeof connectProvider>>) => Promise<unknown>) => {
+  const client = await connectProvider({ servers: demo.servers, provider, credentials: demo.credentials(provider) });
+  try {
+    await act(client);
+  } finally {
+    await client.close();
+  }
+};
+
+describe("the page GET /", () => {
+  it("shows the demo's failing keycloak → grafana on dogwood and every module state the demo writes", async () => {
+    const page = await open();
+    expect(await page.title()).toBe("Not well · mesh-provisioner");
+    await expect.poll(() => page.locator(".verdict").innerText()).toMatch(/Not well/);
+    const row = page.locator("#failing tbody tr").filter({ hasText: "keycloak" });
+    expect(await row.locator("td").allInnerTexts()).toEqual([
+      "keycloak",
+      "dogwood",
+      "grafana",
+      DEMO_FAILING.word,
+      expect.stringMatching(/^\d+ s$/),
+    ]);
+    const labels = await page.locator(".grid td a").evaluateAll((cells) => cells.map((a) => a.getAttribute("aria-label")!));
+    const states = new Set(labels.map((l) => l.replace(/^\S+ \S+: /, "").replace(/, not well$/, "")));
+    expect([...states].sort()).toEqual([...STATES].sort());
+    expect(labels).toContain("cedar mesh-artifact-store: failed, not well");
+    expect(await page.locator("#registry").innerText()).toMatch(/Registry \(\d+ kinds\)/);
+    await page.screenshot({ path: resolve(ROOT, "docs/page-1280.png"), fullPage: true });
+    await page.close();
+  });
+
+  it("shows a failing a provider publishes without a reload, and takes it away on its recovery", async () => {
+    const page = await open();
+    await page.evaluate(() => ((window as unknown as { kept: number }).kept = 42));
+    const row = page.locator("#failing tbody tr").filter({ hasText: "postgres" });
+    expect(await row.count()).toBe(0);
+    await asProvider("postgres", (p) => p.failing("birch", "gitea", "too many connections for role gitea"));
+    await row.waitFor({ timeout: 2000 });
+    expect(await row.locator("td").nth(3).innerText()).toBe("too many connections for role gitea");
+    await asProvider("postgres", (p) => p.recovered("birch", "gitea"));
+    await row.waitFor({ state: "detached", timeout: 2000 });
+    // The same document throughout: no reload.
+    expect(await page.evaluate(() => (window as unknown as { kept: number }).kept)).toBe(42);
+    expect(await page.locator("#live").innerText()).toMatch(/^Live: updated \d\d:\d\d:\d\d UTC$/);
+    await page.close();
+  });
+
+  it("narrows with a filter kept in the query string, the same after a reload", async () => {
+    const page = await open();
+    await page.selectOption("select[name=node]", "dogwood");
+    await Promise.all([page.waitForURL(/node=dogwood/), page.click("button[type=submit]")]);
+    const rows = () => page.locator(".grid tbody th").allInnerTexts();
+    expect(await rows()).toEqual(["dogwood"]);
+    await page.reload();
+    expect(new URL(page.url()).searchParams.get("node")).toBe("dogwood");
+    expect(await rows()).toEqual(["dogwood"]);
+    expect(await page.locator("select[name=node]").inputValue()).toBe("dogwood");
+    // The provider filter narrows the failing list: postgres fails nothing now.
+    await page.goto(`${url}/?provider=postgres`);
+    expect(await page.locator("#failing tbody tr").count()).toBe(0);
+    await page.close();
+  });
+
+  it("refuses a bad filter with a 400 page naming the field", async () => {
+    const page = await browser.newPage();
+    const answer = await page.goto(`${url}/?node=not.one&colour=red`);
+    expect(answer!.status()).toBe(400);
+    expect(answer!.headers()["content-type"]).toBe("text/html; charset=utf-8");
+    expect(await page.locator("#refusal").innerText()).toBe(
+      "node: must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing; colour: unknown field",
+    );
+    await page.close();
+  });
+
+  it("opens a module's needs, applied record and conditions from its grid cell", async () => {
+    const page = await open();
+    await page.click('.grid a[aria-label^="cedar mesh-artifact-store:"]');
+    await page.waitForURL(/open=cedar\.mesh-artifact-store/);
+    const detail = page.locator("#detail");
+    expect(await detail.locator("h2").innerText()).toBe("cedar / mesh-artifact-store");
+    expect(await detail.innerText()).toMatch(/error of its last pass: zot: listen tcp :5000: address already in use/);
+    expect(await detail.locator("h3").allInnerTexts()).toEqual(["Conditions", "Needs (2)", "Applied record"]);
+    expect(await detail.locator("pre").innerText()).toMatch(/"error":"zot: listen tcp :5000/);
+    await page.close();
+  });
+
+  it("shows a triple's history as a timeline: its failing span, its recovery", async () => {
+    const page = await open("/?triple=postgres.birch.gitea");
+    const timeline = page.locator("#timeline");
+    expect(await timeline.locator("h2").innerText()).toBe("History of postgres → gitea on birch");
+    expect(await timeline.locator(".events .tag").allInnerTexts()).toEqual(["failing", "recovered"]);
+    expect(await timeline.innerText()).toMatch(
+      /1 failing span in the 2 events the stream holds, failing for \d+ s in all; not failing now\./,
+    );
+    expect(await timeline.locator(".bar .span").count()).toBe(1);
+    await page.close();
+  });
+
+  it("has no horizontal scroll at the phone's width", async () => {
+    const page = await open("/", PHONE);
+    const widths = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+    expect(widths[0]).toBeLessThanOrEqual(widths[1]!);
+    await page.screenshot({ path: resolve(ROOT, "docs/page-390.png"), fullPage: true });
+    await page.close();
+  });
+
+  it("reaches every link, select and button with Tab", async () => {
+    const page = await open();
+    const controls = await page.locator("a[href], select, button").count();
+    const reached = new Set<string>();
+    for (let i = 0; i < controls + 5; i++) {
+      await page.keyboard.press("Tab");
+      const id = await page.evaluate(() => {
+        const e = document.activeElement!;
+        const all = Array.from(document.querySelectorAll("a[href], select, button"));
+        return all.includes(e) ? String(all.indexOf(e)) : "";
+      });
+      if (id !== "") reached.add(id);
+    }
+    expect(reached.size).toBe(controls);
+    await page.close();
+  });
+
+  it("says when it lost the set and when it is back; with HTTP_TOKEN the page and its script pass the proxy's header", async () => {
+    const token = "page-test-token-0123456789";
+    const context = await browser.newContext({ viewport: DESKTOP, extraHTTPHeaders: { authorization: `Bearer ${token}` } });
+    const page = await context.newPage();
+    await page.goto(`${url}/`);
+    const live = page.locator("#live");
+    await until(async () => /^Live: updated/.test(await live.innerText()));
+    const port = Number(new URL(url).port);
+    await set.stop();
+    await until(async () => /^Lost the set at \d\d:\d\d:\d\d UTC/.test(await live.innerText()));
+    expect(await live.getAttribute("class")).toBe("lost");
+    set = await startSet(bus, { http: { ...bus.config.http, port, token } });
+    await until(async () => /^Back at \d\d:\d\d:\d\d UTC, after \d+ s away; live$/.test(await live.innerText()));
+    expect(await live.getAttribute("class")).toBe("");
+    expect((await fetch(`${url}/`)).status).toBe(401);
+    await context.close();
+  });
+});
