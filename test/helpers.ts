@@ -13,6 +13,7 @@ export const ROOT = resolve(import.meta.dirname, "..");
  */
 export const SHIPPED_FUNCTIONS = [
   "alerts",
+  "page",
   "provider-failing",
   "provider-recovered",
   "provider-rotated",
