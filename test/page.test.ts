@@ -10,6 +10,9 @@ import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { ROOT, startSet, testBus, until } from "./helpers.ts";
 
+/** Where a screenshot goes: `docs/` with UPDATE_SCREENSHOTS=1 (the README shows those), `.tmp/` otherwise, so a run changes no tracked file. */
+const screenshot = (name: string) => (process.env.UPDATE_SCREENSHOTS === "1" ? resolve(ROOT, "docs", name) : resolve(ROOT, ".tmp", name));
+
 /** Debian's chromium, never a browser download (docs/page.md §10.5). */
 const CHROMIUM = "/usr/bin/chromium";
 const ARGS = [
@@ -80,7 +83,7 @@ describe("the page GET /", () => {
     expect([...states].sort()).toEqual([...STATES].sort());
     expect(labels).toContain("cedar mesh-artifact-store: failed, not well");
     expect(await page.locator("#registry").innerText()).toMatch(/Registry \(\d+ kinds\)/);
-    await page.screenshot({ path: resolve(ROOT, "docs/page-1280.png"), fullPage: true });
+    await page.screenshot({ path: screenshot("page-1280.png"), fullPage: true });
     await page.close();
   });
 
@@ -155,7 +158,7 @@ describe("the page GET /", () => {
     const page = await open("/", PHONE);
     const widths = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
     expect(widths[0]).toBeLessThanOrEqual(widths[1]!);
-    await page.screenshot({ path: resolve(ROOT, "docs/page-390.png"), fullPage: true });
+    await page.screenshot({ path: screenshot("page-390.png"), fullPage: true });
     await page.close();
   });
 
