@@ -581,12 +581,18 @@ function apply(
 
 const isReady = (base: { state: State }) => base.state === "applied" || base.state === "declares-nothing";
 
+/**
+ * The live records of a read, as the view keeps them: read as records (not entries), so making
+ * the model makes no object per key, and what is derived per record is kept by the record itself.
+ */
+const live = async (records: Promise<KeyRecord[]>) => (await records).filter((r) => !r.deleted);
+
 /** A new keeper, its model made from the whole of every view. */
 async function made(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds: number): Promise<Keeper> {
   const [assignments, needs, applied, registry, failing, stale] = await Promise.all([
     inputs.assignments.reads.records(">"),
-    inputs.needs.reads.list(">"),
-    inputs.applied.reads.list(">"),
+    live(inputs.needs.reads.records(">")),
+    live(inputs.applied.reads.records(">")),
     inputs.registry.reads.list(">"),
     failingByModule(inputs.failing),
     staleByModule(inputs, rotationGraceSeconds),
@@ -639,15 +645,15 @@ async function updated(keeper: Keeper, inputs: StateInputs, changes: Changes<Sta
         const [assignment, assignmentsUnder, need, needsUnder, applied, appliedUnder] = await Promise.all([
           inputs.assignments.reads.last(module),
           inputs.assignments.reads.records(`${module}.>`),
-          inputs.needs.reads.get(module),
-          inputs.needs.reads.list(`${module}.>`),
-          inputs.applied.reads.get(module),
-          inputs.applied.reads.list(`${module}.>`),
+          inputs.needs.reads.last(module),
+          inputs.needs.reads.records(`${module}.>`),
+          inputs.applied.reads.last(module),
+          inputs.applied.reads.records(`${module}.>`),
         ]);
         return {
           assignments: assignment === null ? assignmentsUnder : [assignment, ...assignmentsUnder],
-          needs: need === null ? needsUnder : [need, ...needsUnder],
-          applied: applied === null ? appliedUnder : [applied, ...appliedUnder],
+          needs: [...(need === null ? [] : [need]), ...needsUnder].filter((r) => !r.deleted),
+          applied: [...(applied === null ? [] : [applied]), ...appliedUnder].filter((r) => !r.deleted),
         };
       }),
     ),
