@@ -101,7 +101,7 @@ async function settled(timeoutMs = 30_000): Promise<void> {
   const jsm = await operator.jetstreamManager({ checkAPI: false });
   await until(
     async () => {
-      for (const durable of ["provider-failing", "provider-recovered"]) {
+      for (const durable of ["mesh-provisioner-events"]) {
         const info = await jsm.consumers.info(EVENTS, durable).catch(() => undefined);
         if (info === undefined || info.num_pending > 0 || info.num_ack_pending > 0) return false;
       }

@@ -109,7 +109,7 @@ describe("event triggers", () => {
         count: 2,
         last: { subject: "probe.ev.c", reason: "n: Invalid input: expected number, received string" },
       });
-      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "probe-events");
+      const info = await (await seat.jetstreamManager()).consumers.info("probe_events", "mesh-provisioner-probe");
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
       // A refused event delivered again (its acknowledgement lost) is counted once.
       const again = { subject: "probe.ev.c", reason: "again", at: new Date().toISOString() };
@@ -168,26 +168,26 @@ describe("event triggers", () => {
 
   it("makes a filtered durable of an earlier set unfiltered, going on from what it acknowledged", async () => {
     const jsm = await seat.jetstreamManager();
-    await jsm.consumers.delete("probe_events", "probe-events");
+    await jsm.consumers.delete("probe_events", "mesh-provisioner-probe");
     await jsm.consumers.add("probe_events", {
-      durable_name: "probe-events",
+      durable_name: "mesh-provisioner-probe",
       filter_subject: "probe.ev.*",
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.New,
     });
     for (let i = 0; i < 3; i++) await publish(`probe.ev.m${i}`, { n: 200 + i });
-    const old = await seat.jetstream().consumers.get("probe_events", "probe-events");
+    const old = await seat.jetstream().consumers.get("probe_events", "mesh-provisioner-probe");
     const first = await old.next();
     first!.ack();
     await seat.flush();
-    await until(async () => (await jsm.consumers.info("probe_events", "probe-events")).num_ack_pending === 0);
+    await until(async () => (await jsm.consumers.info("probe_events", "mesh-provisioner-probe")).num_ack_pending === 0);
     seen().length = 0;
     const set = await start({ config: probeConfig() });
     try {
       await until(() => seen().length >= 2);
       await sleep(300);
       expect(seen().map((s) => s.n)).toEqual([201, 202]);
-      const info = await jsm.consumers.info("probe_events", "probe-events");
+      const info = await jsm.consumers.info("probe_events", "mesh-provisioner-probe");
       expect(info.config.filter_subject ?? "").toBe("");
       expect([info.num_pending, info.num_ack_pending]).toEqual([0, 0]);
     } finally {

@@ -44,15 +44,16 @@ describe("faults the set recovers from by itself", () => {
     await failing("before-delete");
     await until(async () => (await request(seat, STATUS, { consumer: "before-delete" })).body.failing.length === 1, 10_000, "followed");
     const jsm = await seat.jetstreamManager();
-    const floor = (await jsm.consumers.info("mesh-provisioner_events", "provider-failing")).ack_floor.stream_seq;
+    const floor = (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).ack_floor.stream_seq;
 
     // As `nats consumer rm` would.
     // nats-server 2.9 may answer a delete with "directory not empty" while the consumer writes its
     // state; the consumer is gone from the stream all the same, or is on the next try.
     await until(
       async () =>
-        (await jsm.consumers.delete("mesh-provisioner_events", "provider-failing").catch((e: Error) => /not found/.test(e.message))) ===
-        true,
+        (await jsm.consumers
+          .delete("mesh-provisioner_events", "mesh-provisioner-events")
+          .catch((e: Error) => /not found/.test(e.message))) === true,
       5000,
       "the durable consumer deleted",
     );
@@ -62,7 +63,7 @@ describe("faults the set recovers from by itself", () => {
       async () => {
         const { status, body } = await readyz();
         if (status === 503) reasons.push(...(body.reasons ?? []));
-        return (await jsm.consumers.info("mesh-provisioner_events", "provider-failing").catch(() => undefined)) !== undefined;
+        return (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events").catch(() => undefined)) !== undefined;
       },
       10_000,
       "the durable made again",
@@ -75,10 +76,11 @@ describe("faults the set recovers from by itself", () => {
     );
     expect(Date.now() - deletedAt).toBeLessThan(10_000);
     // Made again from where it was: nothing acknowledged before is delivered again.
-    const info = await jsm.consumers.info("mesh-provisioner_events", "provider-failing");
+    const info = await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events");
     expect(info.config.opt_start_seq).toBe(floor + 1);
     expect((await readyz()).status).toBe(200);
-    if (reasons.length > 0) expect(reasons[0]).toMatch(/^durable consumer provider-failing of stream mesh-provisioner_events is gone/);
+    if (reasons.length > 0)
+      expect(reasons[0]).toMatch(/^durable consumer mesh-provisioner-events of stream mesh-provisioner_events is gone/);
   });
 });
 

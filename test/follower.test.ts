@@ -32,7 +32,7 @@ async function emit(provider: string, kind: "failing" | "recovered", event: Reco
 async function settled() {
   const jsm = await seat.jetstreamManager();
   await until(async () => {
-    for (const durable of ["provider-failing", "provider-recovered"]) {
+    for (const durable of ["mesh-provisioner-events"]) {
       const info = await jsm.consumers.info("mesh-provisioner_events", durable).catch(() => undefined);
       if (info === undefined || info.num_pending > 0 || info.num_ack_pending > 0) return false;
     }

@@ -102,7 +102,8 @@ export const statusAnswer = z.object({
 /**
  * What status says of the events (docs/failing.md §5.6), from what the runtime last found of the
  * server: whether JetStream stores, the events stream and the account against their limits, and
- * the most events any of the stream's durables has not delivered yet, and has not had acknowledged.
+ * the events the stream's durable consumer has not delivered yet, and has not had acknowledged (the
+ * most of any durable it lists: it lists one, docs/failing.md §5.4).
  */
 export function eventsOf(store: StoreUse): Events {
   const stream = store.streams[EVENTS_STREAM];

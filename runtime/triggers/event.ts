@@ -54,6 +54,14 @@ const schema = z.strictObject({
 /** Messages a durable consumer pulls at once, and handles at once. */
 const BATCH = 64;
 
+/**
+ * A message no trigger of this replica matches comes again after {@link UNMATCHED_DELAY_MS} (a
+ * replica of another version, sharing the durable, may have a function for it), up to this many
+ * deliveries, about a minute, before it is acknowledged.
+ */
+export const UNMATCHED_DELIVERIES = 60;
+export const UNMATCHED_DELAY_MS = 1000;
+
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
 export function backoff(deliveries: number): number {
   return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
@@ -72,65 +80,111 @@ function streamSubjects(targets: readonly Target<EventTrigger>[]): Map<string, s
 }
 
 /**
- * The durable consumers of `{ event, stream }` triggers: the stream's name and the durable's,
- * {@link bindingName} (the function's name, `-<n>` from its second one), shared by every
- * replica that has the function.
+ * The durable consumer of one stream of the config for the whole set: `<seat>-<name>`, `name`
+ * the stream's name in the config's `streams` (`mesh-provisioner-events`). Every `{ event, stream }`
+ * trigger naming that stream reads it, and every replica shares it (docs/runtime.md §6.3.2).
  */
-export function durables(targets: readonly Target<EventTrigger>[], config: Config): { stream: string; durable: string }[] {
-  return targets.flatMap(({ fn, trigger, index }) =>
-    trigger.stream === undefined ? [] : [{ stream: config.streams[trigger.stream]!.stream, durable: bindingName(fn, index) }],
-  );
-}
+export const durableName = (seat: string, stream: string): string => `${seat}-${stream}`;
 
 /**
- * Binds `durable` on `stream`: every message (from stream sequence `from` when it is made again
- * after being deleted), explicit acknowledgement. It takes every message
- * of the stream and its binding acknowledges at once those its trigger does not match:
- * nats-server 2.9 counts a filtered consumer's pending messages by scanning the stream at each
- * delivery, which slows it as the stream grows. A durable of that name made filtered (as sets
- * before this one made them) is made again unfiltered, from the first message after its
+ * The durable consumers of `{ event, stream }` triggers, one per stream they name: the stream's
+ * name on the server, the durable's ({@link durableName}), and the durables an earlier version
+ * made per trigger ({@link bindingName}: the function's name, `-<n>` from its second one), which
+ * binding replaces.
+ */
+export function durables(
+  targets: readonly Target<EventTrigger>[],
+  config: Config,
+): { name: string; stream: string; durable: string; earlier: string[] }[] {
+  const names = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [t.trigger.stream])))];
+  return names.map((name) => {
+    const durable = durableName(config.seat, name);
+    const earlier = targets
+      .filter((t) => t.trigger.stream === name)
+      .map(({ fn, index }) => bindingName(fn, index))
+      .filter((d) => d !== durable);
+    return { name, stream: config.streams[name]!.stream, durable, earlier: [...new Set(earlier)] };
+  });
+}
+
+/** A consumer's info, or `undefined` only when the server says it is not there; any other failure is thrown. */
+const consumerInfo = (jsm: JetStreamManager, stream: string, durable: string) =>
+  jsm.consumers.info(stream, durable).catch((err: Error) => {
+    if (err.message === "consumer not found") return undefined;
+    throw err;
+  });
+
+/**
+ * Binds `durable` on `stream`: every message, explicit acknowledgement. Made when missing: from
+ * stream sequence `from` when given (made again after being deleted), else from the first message
+ * after the lowest acknowledgement floor of the `earlier` durables that exist (an earlier version's,
+ * one per trigger), else from the oldest message. The `earlier` ones are then deleted, only once
+ * `durable` exists: they are what it replaces, and it holds everything above their floors. It
+ * takes every message of the stream, unfiltered: nats-server 2.9 counts a filtered consumer's
+ * pending messages by scanning the stream at each delivery, which slows it as the stream grows. A
+ * durable of that name made filtered is made again unfiltered, from the first message after its
  * acknowledgement floor: nothing is lost, and what it had acknowledged above the floor comes
  * again (handlers bear running twice).
  */
 async function bindDurable(
   jsm: JetStreamManager,
-  stream: string,
-  durable: string,
+  { stream, durable, earlier }: { stream: string; durable: string; earlier: readonly string[] },
   ackWaitSeconds: number,
   log: Logger,
   from?: number,
 ): Promise<void> {
   const ackWait = nanos(ackWaitSeconds * 1000);
   const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
+  const add = (start: number | undefined) =>
+    jsm.consumers.add(
+      stream,
+      start === undefined
+        ? { ...config, deliver_policy: DeliverPolicy.All }
+        : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: start },
+    );
   // Only a durable the server says is not there is made: any other failure (no answer while a
   // leader is elected) is thrown, so an existing durable is never made again from elsewhere.
-  const existing = await jsm.consumers.info(stream, durable).catch((err: Error) => {
-    if (err.message === "consumer not found") return undefined;
-    throw err;
-  });
+  const existing = await consumerInfo(jsm, stream, durable);
+  const old =
+    from === undefined ? (await Promise.all(earlier.map((d) => consumerInfo(jsm, stream, d)))).filter((c) => c !== undefined) : [];
   if (existing === undefined) {
-    await jsm.consumers.add(
-      stream,
-      from === undefined
-        ? { ...config, deliver_policy: DeliverPolicy.All }
-        : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from },
-    );
-    return;
-  }
-  if (!existing.config.filter_subject) {
+    const start = from ?? (old.length > 0 ? Math.min(...old.map((c) => c.ack_floor.stream_seq)) + 1 : undefined);
+    if (old.length > 0) log.info({ stream, durable, from: start, earlier: old.map((c) => c.name) }, "one durable consumer for the stream");
+    // Another replica may have made it meanwhile: then it stands as that one made it.
+    await add(start).catch(async (err: Error) => {
+      if ((await consumerInfo(jsm, stream, durable)) === undefined) throw err;
+    });
+  } else if (existing.config.filter_subject) {
+    const after = existing.ack_floor.stream_seq + 1;
+    log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
+    await jsm.consumers.delete(stream, durable);
+    await add(after);
+  } else if (existing.config.ack_wait !== ackWait) {
     // Replicas with other configs would change it back and forth: said, never applied.
-    if (existing.config.ack_wait !== ackWait) {
-      log.warn(
-        { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
-        `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
-      );
-    }
-    return;
+    log.warn(
+      { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
+      `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
+    );
   }
-  const after = existing.ack_floor.stream_seq + 1;
-  log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
-  await jsm.consumers.delete(stream, durable);
-  await jsm.consumers.add(stream, { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: after });
+  for (const c of old) {
+    // nats-server 2.9 may answer "directory not empty" while the consumer writes its state: asked
+    // again; one left is deleted at the next start, and takes nothing from `durable` meanwhile.
+    for (let attempt = 1; ; attempt++) {
+      const failure = await jsm.consumers.delete(stream, c.name).then(
+        () => undefined,
+        (err: Error) => (/not found/.test(err.message) ? undefined : err),
+      );
+      if (failure === undefined) {
+        log.info({ stream, durable: c.name, ackFloor: c.ack_floor.stream_seq }, "earlier durable consumer deleted");
+        break;
+      }
+      if (attempt === 3) {
+        log.warn({ stream, durable: c.name, err: failure.message }, "earlier durable consumer not deleted; deleted at the next start");
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
 }
 
 /** How often the streams' use and the durables' progress are read, in milliseconds. */
@@ -146,7 +200,6 @@ function watchStreams(
   config: Config,
   targets: readonly Target<EventTrigger>[],
 ): { streams(): Record<string, StreamUse>; stop(): void } {
-  const names = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [t.trigger.stream])))];
   const held = durables(targets, config);
   const use: Record<string, StreamUse> = {};
   let reading: Promise<void> | undefined;
@@ -154,21 +207,17 @@ function watchStreams(
     (reading ??= (async () => {
       const jsm = await nc.jetstreamManager({ timeout: 2000, checkAPI: false });
       await Promise.all(
-        names.map(async (name) => {
-          const { stream, ackWaitSeconds } = config.streams[name]!;
+        held.map(async ({ name, stream, durable }) => {
+          const { ackWaitSeconds } = config.streams[name]!;
           const info = await jsm.streams.info(stream).catch(() => undefined);
           if (info === undefined) return;
-          const consumers = await Promise.all(
-            held
-              .filter((d) => d.stream === stream)
-              .map(async ({ durable }) => {
-                const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
-                const was = use[name]?.consumers.find((k) => k.durable === durable);
-                return c === undefined
-                  ? (was ?? { durable, pending: 0, unacknowledged: 0 })
-                  : { durable, pending: c.num_pending, unacknowledged: c.num_ack_pending };
-              }),
-          );
+          const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
+          const was = use[name]?.consumers.find((k) => k.durable === durable);
+          const consumers = [
+            c === undefined
+              ? (was ?? { durable, pending: 0, unacknowledged: 0 })
+              : { durable, pending: c.num_pending, unacknowledged: c.num_ack_pending },
+          ];
           use[name] = {
             stream,
             bytes: info.state.bytes,
@@ -212,14 +261,16 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     return {
       publish: [
         ...streams.flatMap((s) => [`$JS.API.STREAM.INFO.${s}`, `$JS.API.STREAM.CREATE.${s}`, `$JS.API.STREAM.UPDATE.${s}`]),
-        ...durables(targets, config).flatMap(({ stream, durable }) => [
+        ...durables(targets, config).flatMap(({ stream, durable, earlier }) => [
           `$JS.API.CONSUMER.CREATE.${stream}.${durable}`,
           `$JS.API.CONSUMER.CREATE.${stream}.${durable}.>`,
           `$JS.API.CONSUMER.INFO.${stream}.${durable}`,
-          // To make a filtered durable of an earlier set unfiltered.
+          // To make a filtered durable unfiltered.
           `$JS.API.CONSUMER.DELETE.${stream}.${durable}`,
           `$JS.API.CONSUMER.MSG.NEXT.${stream}.${durable}`,
           `$JS.ACK.${stream}.${durable}.>`,
+          // The durables an earlier version made per trigger: their floors read, then deleted.
+          ...earlier.flatMap((d) => [`$JS.API.CONSUMER.INFO.${stream}.${d}`, `$JS.API.CONSUMER.DELETE.${stream}.${d}`]),
         ]),
       ],
       subscribe: targets.flatMap((t) => (t.trigger.stream === undefined ? [t.trigger.event] : [])),
@@ -228,13 +279,17 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
 
   /**
    * With a stream: asserts the streams (their subjects extended, never emptied), then one durable
-   * pull consumer per trigger ({@link durables}), whose messages the trigger's `event` matches are
-   * handled up to {@link BATCH} at a time, in no set order (handlers that keep state must
-   * compare-and-set); the others are acknowledged at once. A message is acknowledged once its
-   * handler returned, or refused it (the runner counts the refusal); on a fault it is negatively
-   * acknowledged with {@link backoff}, so it comes again later, for ever until it succeeds.
-   * Without a stream: a subscription in the seat's queue group (what is published while the set
-   * is down is lost). Throws naming the stream or durable the server refuses.
+   * pull consumer per stream ({@link durables}, {@link bindDurable}), whose messages go to every
+   * trigger of that stream whose `event` matches the subject, up to {@link BATCH} messages in hand
+   * at a time, in no set order (handlers that keep state must compare-and-set). A message is
+   * acknowledged once each of its handlers returned or refused it (the runner counts a refusal);
+   * when one faulted it is negatively acknowledged with {@link backoff}, so it comes again later,
+   * for ever, and runs again only the handlers that had not succeeded on this replica (another
+   * replica runs them all: each must bear running twice). A message no trigger matches comes again
+   * after {@link UNMATCHED_DELAY_MS}, for a replica with other functions (a rolling upgrade), and
+   * is acknowledged at its {@link UNMATCHED_DELIVERIES}th delivery. Without a stream: a
+   * subscription in the seat's queue group (what is published while the set is down is lost).
+   * Throws naming the stream or durable the server refuses.
    */
   async bind(targets, env) {
     if (targets.length === 0) return { stop: async () => {} };
@@ -248,22 +303,23 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     /** Durables found deleted, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
-    for (const { fn, trigger, index } of targets) {
-      if (trigger.stream === undefined) {
-        subscriptions.push(
-          nc.subscribe(trigger.event, {
-            queue: config.seat,
-            callback: (err, msg) => {
-              if (err) return log.error({ function: fn.name, err }, "subscription stopped");
-              void env.run(fn, { data: msg.data }, { kind: "event", subject: msg.subject });
-            },
-          }),
-        );
-        continue;
-      }
-      const { stream, ackWaitSeconds } = config.streams[trigger.stream]!;
-      const durable = bindingName(fn, index);
-      await bindDurable(jsm, stream, durable, ackWaitSeconds, log).catch((err: Error) => {
+    for (const { fn, trigger } of targets) {
+      if (trigger.stream !== undefined) continue;
+      subscriptions.push(
+        nc.subscribe(trigger.event, {
+          queue: config.seat,
+          callback: (err, msg) => {
+            if (err) return log.error({ function: fn.name, err }, "subscription stopped");
+            void env.run(fn, { data: msg.data }, { kind: "event", subject: msg.subject });
+          },
+        }),
+      );
+    }
+    for (const held of durables(targets, config)) {
+      const { stream, durable } = held;
+      const { ackWaitSeconds } = config.streams[held.name]!;
+      const takers = targets.filter((t) => t.trigger.stream === held.name).map((t) => ({ ...t, key: bindingName(t.fn, t.index) }));
+      await bindDurable(jsm, held, ackWaitSeconds, log).catch((err: Error) => {
         throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`, { cause: err });
       });
       // What this replica knows of the durable's progress, to make it again from there: the stream
@@ -271,22 +327,40 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       // highest it saw acknowledged.
       const pending = new Set<number>();
       let acked = (await jsm.consumers.info(stream, durable)).ack_floor.stream_seq;
+      /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
+      const succeeded = new Map<number, Set<string>>();
       const one = async (m: JsMsg) => {
-        if (!subjectMatches(trigger.event, m.subject)) return m.ack();
-        const outcome = await env.run(
-          fn,
-          { data: m.data },
-          {
-            kind: "event",
-            subject: m.subject,
-            stream,
-            sequence: m.seq,
-            deliveries: m.info.redeliveryCount,
-            storedAt: new Date(m.info.timestampNanos / 1e6),
-          },
+        const matched = takers.filter((t) => subjectMatches(t.trigger.event, m.subject));
+        if (matched.length === 0) {
+          if (m.info.redeliveryCount < UNMATCHED_DELIVERIES) return m.nak(UNMATCHED_DELAY_MS);
+          log.warn({ stream, durable, subject: m.subject, sequence: m.seq }, "message matched by no trigger; acknowledged");
+          m.ack();
+          pending.delete(m.seq);
+          acked = Math.max(acked, m.seq);
+          return;
+        }
+        const info = {
+          kind: "event",
+          subject: m.subject,
+          stream,
+          sequence: m.seq,
+          deliveries: m.info.redeliveryCount,
+          storedAt: new Date(m.info.timestampNanos / 1e6),
+        } as const;
+        const done = succeeded.get(m.seq) ?? new Set<string>();
+        const outcomes = await Promise.all(
+          matched.filter((t) => !done.has(t.key)).map(async (t) => ({ t, outcome: await env.run(t.fn, { data: m.data }, info) })),
         );
         // A refusal is acknowledged (the runner counted it); a fault comes again.
-        if (!outcome.ok && outcome.error.code >= 500) return m.nak(backoff(m.info.redeliveryCount));
+        for (const { t, outcome } of outcomes) if (outcome.ok || outcome.error.code < 500) done.add(t.key);
+        if (done.size < matched.length) {
+          succeeded.delete(m.seq);
+          succeeded.set(m.seq, done);
+          // Kept for as many messages as the durable hands out unacknowledged.
+          if (succeeded.size > 1000) succeeded.delete(succeeded.keys().next().value!);
+          return m.nak(backoff(m.info.redeliveryCount));
+        }
+        succeeded.delete(m.seq);
         m.ack();
         pending.delete(m.seq);
         acked = Math.max(acked, m.seq);
@@ -320,7 +394,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           }
           pending.add(m.seq);
           const handled: Promise<void> = one(m)
-            .catch((err: unknown) => log.error({ function: fn.name, durable, err }, "event not handled"))
+            .catch((err: unknown) => log.error({ stream, durable, err }, "event not handled"))
             .finally(() => running.delete(handled));
           running.add(handled);
           if (running.size >= BATCH) await Promise.race(running);
@@ -335,25 +409,23 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         while ((await consumeOnce()) === "gone") {
           const from = pending.size > 0 ? Math.min(...pending) : acked + 1;
           gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone: making it again from stream sequence ${from}`);
-          log.warn({ function: fn.name, stream, durable, from }, "durable consumer deleted; making it again");
+          log.warn({ stream, durable, from }, "durable consumer deleted; making it again");
           for (;;) {
             if (stopping) return;
             try {
-              await bindDurable(jsm, stream, durable, ackWaitSeconds, log, from);
+              await bindDurable(jsm, held, ackWaitSeconds, log, from);
               break;
             } catch (err) {
-              log.warn(
-                { function: fn.name, stream, durable, err: (err as Error).message },
-                "durable consumer not made again; trying again in 1 s",
-              );
+              log.warn({ stream, durable, err: (err as Error).message }, "durable consumer not made again; trying again in 1 s");
               await new Promise((r) => setTimeout(r, 1000));
             }
           }
           pending.clear();
+          succeeded.clear();
           gone.delete(durable);
-          log.info({ function: fn.name, stream, durable, from }, "durable consumer made again");
+          log.info({ stream, durable, from }, "durable consumer made again");
         }
-      })().catch((err: unknown) => log.error({ function: fn.name, durable, err }, "consumer stopped"));
+      })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
       loops.push(loop);
     }
     const use = watchStreams(nc, config, targets);

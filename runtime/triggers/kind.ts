@@ -31,7 +31,8 @@ export interface Target<T, F extends FunctionRef = FunctionRef> {
 
 /**
  * The name of a function's `index`-th trigger of one kind on the bus: the function's name, then
- * `-2`, `-3`… (the NATS service's endpoint names, the durable consumers' names).
+ * `-2`, `-3`… (the NATS service's endpoint names; the durable consumers earlier versions made per
+ * event trigger, which the event kind replaces).
  */
 export const bindingName = (fn: { readonly name: string }, index: number): string => (index === 0 ? fn.name : `${fn.name}-${index + 1}`);
 

@@ -459,17 +459,18 @@ async function main() {
     }
     await Promise.all(acks.splice(0));
   }
-  const durables = durablesOf(targetsOf(functions, event), config).map((d) => d.durable);
-  const delivered = async () => Promise.all(durables.map((d) => jsm.consumers.info(stream, d)));
-  const before = (await delivered()).map((i) => i.delivered.stream_seq);
+  // The one durable consumer of the events stream, which every follower function reads.
+  const durable = durablesOf(targetsOf(functions, event), config).find((d) => d.stream === stream)!.durable;
+  const delivered = () => jsm.consumers.info(stream, durable);
+  const before = (await delivered()).delivered.stream_seq;
   set = await startSet();
   let first = 0;
   let last = 0;
   for (;;) {
-    const infos = await delivered();
+    const info = await delivered();
     const now = performance.now();
-    const moved = infos.some((i, k) => i.delivered.stream_seq > before[k]!);
-    const done = infos.every((i) => i.num_pending === 0 && i.num_ack_pending === 0);
+    const moved = info.delivered.stream_seq > before;
+    const done = info.num_pending === 0 && info.num_ack_pending === 0;
     if (moved && first === 0) first = now;
     if (done && first !== 0) {
       last = now;
