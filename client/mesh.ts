@@ -5,7 +5,7 @@
 import { readFileSync } from "node:fs";
 import { connect, type NatsConnection } from "nats";
 import { z } from "zod";
-import { collectionName, token } from "../functions/_lib/keys.ts";
+import { collectionName, encodeCollection, token } from "../functions/_lib/keys.ts";
 
 /** Where the mesh is and who connects. */
 export interface MeshOptions {
@@ -77,6 +77,16 @@ export function needOf(placeholder: string, argument = "placeholder"): { kind: s
   const name = tokenArg(`${argument} ${placeholder}: its name`, match[2]!.replaceAll(":", "/"));
   return { kind, name };
 }
+
+/** The needs key of `placeholder` for `module` on `node` (docs/buckets.md §2, docs/rotation.md §8.1): `<node>.<module>.<kind>.<name>`. Throws a {@link ClientArgumentError} naming a bad argument. */
+export function needKey(node: string, module: string, placeholder: string): string {
+  const { kind, name } = needOf(placeholder);
+  return `${tokenArg("node", node)}.${tokenArg("module", module)}.${kind}.${name}`;
+}
+
+/** The collect key of `contributor`'s item of `collection` on `node` (docs/buckets.md §2): the collection name encoded. Throws a {@link ClientArgumentError} naming a bad argument. */
+export const collectKey = (node: string, collection: string, contributor: string): string =>
+  `${tokenArg("node", node)}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
 
 /**
  * The credentials of `user` in a users file in the shape `mesh-provisioner` writes

@@ -4,13 +4,13 @@
  */
 import type { KV, NatsConnection } from "nats";
 import { z } from "zod";
-import { encodeCollection, token } from "../functions/_lib/keys.ts";
+import { token } from "../functions/_lib/keys.ts";
 import { refreshSubject } from "../functions/_lib/rotation.ts";
 import {
   allPages,
   checked,
   ClientArgumentError,
-  collectionArg,
+  collectKey,
   listen,
   needOf,
   openMesh,
@@ -156,14 +156,13 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       return (await kv("applied")).put(`${node}.${module}`, JSON.stringify({ at: new Date().toISOString(), ...fields }));
     },
     async contribute(collection, contributor, item) {
-      const key = `${node}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
+      const key = collectKey(node, collection, contributor);
       const text = JSON.stringify(item);
       if (text === undefined) throw new ClientArgumentError("item", "must be a JSON value");
       return (await kv("collect")).put(key, text);
     },
     async withdraw(collection, contributor) {
-      const key = `${node}.${encodeCollection(collectionArg("collection", collection))}.${tokenArg("contributor", contributor)}`;
-      await (await kv("collect")).delete(key);
+      await (await kv("collect")).delete(collectKey(node, collection, contributor));
     },
     onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), notice, handler),
     ask: (request) => mesh.request("provisioning", request),

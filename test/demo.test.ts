@@ -1,8 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { decodeKey } from "../functions/_lib/keys.ts";
 import { compileTable, registryTable } from "../functions/_lib/registry.ts";
-import { needOf } from "../client/index.ts";
-import { encodeCollection } from "../functions/_lib/keys.ts";
+import { collectKey, needKey } from "../client/index.ts";
 import { demoMesh, NODES, STRAY } from "../demo/mesh.ts";
 import { projectConfig } from "./helpers.ts";
 
@@ -10,15 +9,12 @@ describe("the demo mesh", () => {
   // The keys each node's client writes through the client library, and its stray ones.
   const records = NODES.flatMap((node) => [
     ...demoMesh(node).flatMap((step) => [
-      ...Object.keys(step.declare ?? {}).map((placeholder) => {
-        const { kind, name } = needOf(placeholder);
-        return { node, bucket: "needs", key: `${node}.${step.module}.${kind}.${name}` };
-      }),
+      ...Object.keys(step.declare ?? {}).map((placeholder) => ({ node, bucket: "needs", key: needKey(node, step.module, placeholder) })),
       ...(step.applied === undefined ? [] : [{ node, bucket: "applied", key: `${node}.${step.module}` }]),
       ...(step.contribute ?? []).map(([collection, contributor]) => ({
         node,
         bucket: "collect",
-        key: `${node}.${encodeCollection(collection)}.${contributor}`,
+        key: collectKey(node, collection, contributor),
       })),
     ]),
     ...(STRAY[node] ?? []).map(({ key }) => ({ node, bucket: "needs", key })),

@@ -21,6 +21,7 @@ import { createLogger } from "../../runtime/log.ts";
 import { authorization } from "../../runtime/permissions.ts";
 import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
 import { targetsOf } from "../../runtime/triggers/kind.ts";
+import { collectKey, needKey } from "../../client/index.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 import { STATUS } from "../../functions/_lib/status.ts";
 import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
@@ -204,7 +205,7 @@ async function main() {
       for (let m = 0; m < MODULES; m++)
         for (let j = 0; j < PER_MODULE; j++)
           yield [
-            `n${n}.m${m}.config.v${j}`,
+            needKey(`n${n}`, `m${m}`, `\${config:v${j}}`),
             JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) }),
           ];
   }
@@ -248,7 +249,7 @@ async function main() {
     (function* () {
       for (let n = 0; n < NODES; n++)
         for (let c = 0; c < 10; c++)
-          yield [`n${n}.shell=3Azsh=3Anormal.c${c}`, JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
+          yield [collectKey(`n${n}`, "shell:zsh:normal", `c${c}`), JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
     })(),
   );
   line("filled needs: 100,000 keys; applied: 10,000; collect: 10,000");
@@ -351,11 +352,11 @@ async function main() {
   // After each change: one need of another node written (and acknowledged) before each request,
   // so the model is brought up to date by each (docs/state.md §7.5).
   const changedStates = await afterWrites(
-    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    (i) => needs.put(needKey("n7", "m1", `\${config:v${i % 10}}`), JSON.stringify({ v: i })),
     () => askVerb(nc, { what: "state", node: "n5" }),
   );
   const changedStatus = await afterWrites(
-    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    (i) => needs.put(needKey("n7", "m1", `\${config:v${i % 10}}`), JSON.stringify({ v: i })),
     () => askStatusOf(nc),
   );
   const statePagedRuns: number[] = [];
@@ -382,8 +383,8 @@ async function main() {
   await fill(
     needs,
     (function* () {
-      for (let n = 0; n < 10; n++) yield [`n${n}.m1.secret.few/key`, "{}"] as [string, string];
-      for (let n = 0; n < NODES; n++) yield [`n${n}.m2.bound.rot/secret`, "{}"] as [string, string];
+      for (let n = 0; n < 10; n++) yield [needKey(`n${n}`, "m1", "${secret:few:key}"), "{}"] as [string, string];
+      for (let n = 0; n < NODES; n++) yield [needKey(`n${n}`, "m2", "${bound:rot:secret}"), "{}"] as [string, string];
     })(),
   );
   const holdersOfFew = await askVerb(nc, { what: "holders", provision: "few" });
@@ -393,7 +394,7 @@ async function main() {
     "holders of one provision": () => askVerb(nc, { what: "holders", provision: "few" }),
   });
   const changedHolders = await afterWrites(
-    (i) => needs.put(`n7.m1.config.v${i % 10}`, JSON.stringify({ v: i })),
+    (i) => needs.put(needKey("n7", "m1", `\${config:v${i % 10}}`), JSON.stringify({ v: i })),
     () => askVerb(nc, { what: "holders", provision: "few" }),
   );
   const noticed = new Set<string>();
