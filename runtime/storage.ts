@@ -11,7 +11,7 @@ import { readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
 import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
-import { openView, type LiveView } from "./views/index.ts";
+import { loadProgress, openView, type LiveView, type ProgressOptions } from "./views/index.ts";
 
 /** The opened buckets of the config, as the functions reach them. */
 export interface Storage {
@@ -44,9 +44,11 @@ function serverView(server: ReadBucket): ViewBucket {
 
 /**
  * Asserts the buckets ({@link assertBuckets}) and opens a live view ({@link openView}) of each
- * of `viewed` (config names), all at once, waiting until each has loaded its bucket. `refusers`
- * are the functions whose refused events the records read (see {@link recorder}). Throws,
- * having stopped the views it opened, when a bucket or a view cannot be opened.
+ * of `viewed` (config names) and of the runtime's records (`<seat>_runtime`), all at once,
+ * waiting until each has loaded its bucket; a load longer than a second says its progress
+ * (`progress`, see {@link loadProgress}; docs/runtime.md §6.5.1). `refusers` are the functions
+ * whose refused events the records read (see {@link recorder}). Throws, having stopped the views
+ * it opened, when a bucket or a view cannot be opened.
  */
 export async function openStorage(
   nc: NatsConnection,
@@ -54,31 +56,36 @@ export async function openStorage(
   log: Logger,
   viewed: readonly string[],
   refusers?: readonly string[],
+  progressOptions?: ProgressOptions,
 ): Promise<Storage> {
   const kvs = await assertBuckets(nc, config, log);
   const js = nc.jetstream();
   const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket, nc);
   const views = new Map<string, LiveView>();
-  try {
-    await Promise.all(
-      [...new Set(viewed)].map(async (name) => {
-        const view = await openView(nc, kvs.get(name)!, config.buckets[name]!.bucket, read(name), log);
-        views.set(name, view);
-        await view.loaded;
-      }),
-    );
-  } catch (err) {
-    for (const view of views.values()) view.stop();
-    throw err;
-  }
   // The runtime's records as the functions read them (`ctx.runtime`): from a live view, one
   // freshness check for all of them rather than a get each; its own writes read the server.
   const recordsRead = readBucket(kvs.get(RECORDS)!, recordsBucket(config.seat), nc);
-  const recordsView = await openView(nc, kvs.get(RECORDS)!, recordsBucket(config.seat), recordsRead, log).catch((err: unknown) => {
+  let recordsView: LiveView | undefined;
+  const progress = loadProgress(log, progressOptions);
+  try {
+    await Promise.all([
+      ...[...new Set(viewed)].map(async (name) => {
+        const view = await openView(nc, kvs.get(name)!, config.buckets[name]!.bucket, read(name), log, { progress });
+        views.set(name, view);
+        await view.loaded;
+      }),
+      (async () => {
+        recordsView = await openView(nc, kvs.get(RECORDS)!, recordsBucket(config.seat), recordsRead, log, { progress });
+        await recordsView.loaded;
+      })(),
+    ]);
+  } catch (err) {
     for (const view of views.values()) view.stop();
+    recordsView?.stop();
     throw err;
-  });
-  await recordsView.loaded;
+  } finally {
+    progress.stop();
+  }
   return {
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
@@ -87,13 +94,13 @@ export async function openStorage(
       writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
       writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
       refusers,
-      recordsView,
+      recordsView!,
     ),
     reassert: async () => void (await assertBuckets(nc, config, log)),
     notReady: () => [...views.values()].flatMap((view) => view.trouble() ?? []),
     close: () => {
       for (const view of views.values()) view.stop();
-      recordsView.stop();
+      recordsView!.stop();
     },
   };
 }

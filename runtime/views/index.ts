@@ -11,11 +11,13 @@ import { checkedKey } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
 import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
+import type { Progress } from "./progress.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
 
 export { CATCH_UP_MS } from "./freshness.ts";
 export { CHANGES_KEPT, MARKER_VALUE_BYTES } from "./generation.ts";
 export { RESYNC_MS } from "./resync.ts";
+export { loadProgress, type Progress, type ProgressOptions, type ProgressStream } from "./progress.ts";
 
 /** A live view and how to stop it. */
 export interface LiveView extends ViewBucket {
@@ -42,6 +44,8 @@ export interface LiveView extends ViewBucket {
  * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
  * holds another number of keys than the stream has subjects: it loads the bucket again,
  * reading from `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
+ * `progress` is told of the first load: the stream's subjects at the start of the load (its
+ * number of keys, from the same stream info) and the keys the view holds (docs/runtime.md §6.5.1).
  */
 export async function openView(
   nc: NatsConnection,
@@ -49,10 +53,10 @@ export async function openView(
   bucket: string,
   server: ReadBucket,
   log: Logger,
-  { resyncMs = RESYNC_MS }: { resyncMs?: number } = {},
+  { resyncMs = RESYNC_MS, progress }: { resyncMs?: number; progress?: Progress } = {},
 ): Promise<LiveView> {
   const jsm = await nc.jetstreamManager();
-  const { config: streamConfig, created } = await jsm.streams.info(`KV_${bucket}`);
+  const { config: streamConfig, created, state } = await jsm.streams.info(`KV_${bucket}`);
   const nothingAfter = nothingAfterProbe(nc, bucket, streamConfig);
   let stopped = false;
   let current: Generation | undefined;
@@ -81,6 +85,15 @@ export async function openView(
     });
   current = await start();
   const first = current;
+  if (progress !== undefined) {
+    // nats-server leaves the count of subjects out when it is 0.
+    const done = progress.track({
+      bucket,
+      of: state.num_subjects ?? (state.messages === 0 ? 0 : state.messages),
+      loaded: () => first.tree.size,
+    });
+    void first.loaded.then(done);
+  }
 
   const resync = resyncing({
     jsm,

@@ -49,6 +49,8 @@ process.on("exit", () => {
 const line = (text: string) => process.stdout.write(`${text}\n`);
 /** How long the set is left idle before each RSS figure of the state, in milliseconds. */
 const IDLE_MS = 10_000;
+/** How often a fill of a bucket says how far it is, in milliseconds. */
+const FILL_SAY_MS = 3000;
 const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -189,13 +191,26 @@ async function main() {
   const kv = async (name: string) => js.views.kv(config.buckets[name]!.bucket, { bindOnly: true, allow_direct: true });
   const needs = await kv("needs");
 
+  // A line every few seconds while a fill lasts: keys written and the rate.
   const fill = async (bucket: KV, keys: Iterable<[string, string]>) => {
+    // nats.js's KV keeps its bucket's name, untyped.
+    const { bucket: name } = bucket as unknown as { bucket: string };
+    const count = (n: number) => n.toLocaleString("en-US");
+    const began = performance.now();
+    let written = 0;
+    let said = began;
     let batch: Promise<unknown>[] = [];
     for (const [key, value] of keys) {
       batch.push(bucket.put(key, value));
       if (batch.length === 1000) {
         await Promise.all(batch);
+        written += batch.length;
         batch = [];
+        const now = performance.now();
+        if (now - said >= FILL_SAY_MS) {
+          said = now;
+          line(`  filling ${name}: ${count(written)} keys written, ${count(Math.round(written / ((now - began) / 1000)))} keys/s`);
+        }
       }
     }
     await Promise.all(batch);
