@@ -32,6 +32,8 @@ export async function demoBus(config: Config, users?: string): Promise<DemoBus> 
         "on a server of your own, the demo writes as its node, provider and controller users: give their passwords with --users <file> (the shape of .state/users.json; `npm run cluster` writes one)",
       );
     }
+    // Every user the demo writes as, before anything is written.
+    for (const user of demoUsers(config)) usersFile(users, user);
     return { servers: config.nats.servers, credentials: (user) => usersFile(users, user) };
   }
   const session = await openSession(config, { embedded: "join", name: "mesh-provisioner demo" });
@@ -40,6 +42,13 @@ export async function demoBus(config: Config, users?: string): Promise<DemoBus> 
   const file = users ?? join(configPath(config, config.state), "users.json");
   return { servers: [url], credentials: (user) => usersFile(file, user) };
 }
+
+/** The users the demo writes as: the controller, the nodes, the failing and rotating provider. */
+const demoUsers = (config: Config) => [
+  config.embedded.controllers[0] ?? "mesh-controller",
+  ...NODES,
+  ...new Set([DEMO_FAILING.provider, DEMO_ROTATION.provider]),
+];
 
 /**
  * Writes the demo mesh as the controller and its node clients would: the controller's user

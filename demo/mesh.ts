@@ -249,11 +249,13 @@ export function demoMesh(node: string): DemoStep[] {
       files: [...new Set(Object.values(needs))],
       ...(node === CASES.failed.node && module === CASES.failed.module ? { error: CASES.failed.error } : {}),
     };
-    // The pending module's client wrote its applied record, then new needs it has not applied yet.
+    // The pending module's client wrote its applied record, then new needs it has not applied yet
+    // (declared anew, so they are newer than the applied record on every run of the demo).
     const pending = node === CASES.pending.node && module === CASES.pending.module;
     steps.push(
       ...(pending
         ? [
+            { module, declare: {} },
             { module, applied },
             { module, declare },
           ]

@@ -128,7 +128,12 @@ export function resyncing<G extends Load>({
     return reload(`the view holds ${generation.tree.size} keys, the stream ${subjects} subjects`, false, streamCreated);
   };
   const tick = () =>
-    round().catch((err: unknown) => log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream"));
+    round().catch((err: unknown) => {
+      // A view stopped, or a connection closing, while it asked: nothing to compare any more.
+      const code = (err as { code?: string }).code;
+      if (stopped() || code === "CONNECTION_DRAINING" || code === "CONNECTION_CLOSED") return;
+      log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream");
+    });
   const timer = setInterval(tick, every);
   timer.unref();
   return {

@@ -353,8 +353,6 @@ async function main() {
     conn.request(STATUS, encoder.encode("{}"), { timeout: 30_000 }).then((m) => {
       if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`status refused: ${m.headers.get("Nats-Service-Error")}`);
     });
-  // The page with every module of 1,000 nodes assigned (docs/page.md §10.5).
-  const page1k = await pageFigures(`http://127.0.0.1:${httpPort}`);
   const firstState = performance.now();
   const nodeStates = await askVerb(nc, { what: "state", node: "n5" });
   const firstStateMs = performance.now() - firstState;
@@ -392,6 +390,8 @@ async function main() {
   }
   await new Promise((r) => setTimeout(r, IDLE_MS));
   const rssWithState = rssOf(set.process.pid!);
+  // The page with every module of 1,000 nodes assigned (docs/page.md §10.5), after the state's figures.
+  const page1k = await pageFigures(`http://127.0.0.1:${httpPort}`);
 
   // 6c. Holders and a rotation (docs/rotation.md §8): a provision of 10 holders among the 100,000
   // needs, and one held by 1,000 modules on 1,000 nodes.
