@@ -125,7 +125,9 @@ const NAMED = 10;
 /** What a need's value says of its provider: its module name, or why it is out of shape. */
 type NeedValue = { readonly provider?: string; readonly bad?: string };
 const NONE: NeedValue = Object.freeze({});
-// One reading per stored entry: a live view hands out the same entry until its key changes.
+// One reading per stored record that names a provider or is out of shape (a live view hands out
+// the same record until its key changes); the others, most needs, are read again when gathered,
+// so the model keeps nothing per need.
 const needValues = new WeakMap<Entry, NeedValue>();
 
 function needValueOf(entry: Entry): NeedValue {
@@ -144,7 +146,7 @@ function needValueOf(entry: Entry): NeedValue {
   } catch (err) {
     read = { bad: `value is not JSON: ${(err as Error).message}` };
   }
-  needValues.set(entry, read);
+  if (read !== NONE) needValues.set(entry, read);
   return read;
 }
 
