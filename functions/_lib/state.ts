@@ -612,10 +612,36 @@ async function made(inputs: StateInputs, graceSeconds: number, rotationGraceSeco
     namers: new Map(),
     model: EMPTY_MODEL,
   };
-  const gathered = gatherings(assignments, needs, applied);
-  apply(keeper, gathered, new Set([...gathered.byModule.keys(), ...gathered.top.keys()]), { failing, stale }, gathered.loose);
+  // A batch of modules at a time: what is gathered of one is garbage before the next is, so
+  // making the model of a large mesh does not grow the heap by all its needs at once.
+  const batches: { assignments: KeyRecord[]; needs: KeyRecord[]; applied: KeyRecord[] }[] = [];
+  const batchOf = new Map<string, number>();
+  const into = (bucket: "assignments" | "needs" | "applied", records: readonly KeyRecord[]) => {
+    for (const record of records) {
+      const module = moduleOfKey(record.key) ?? "";
+      let batch = batchOf.get(module);
+      if (batch === undefined) batchOf.set(module, (batch = Math.floor(batchOf.size / MODULES_A_BATCH)));
+      (batches[batch] ??= { assignments: [], needs: [], applied: [] })[bucket].push(record);
+    }
+  };
+  into("assignments", assignments);
+  into("needs", needs);
+  into("applied", applied);
+  batchOf.clear();
+  let first = true;
+  for (const batch of batches.length === 0 ? [{ assignments: [], needs: [], applied: [] }] : batches) {
+    const gathered = gatherings(batch.assignments, batch.needs, batch.applied);
+    const regathered = new Set([...gathered.byModule.keys(), ...gathered.top.keys()]);
+    apply(keeper, gathered, regathered, first ? { failing, stale } : {}, gathered.loose);
+    first = false;
+    // Requests in hand go on between batches.
+    await new Promise((resolve) => setImmediate(resolve));
+  }
   return keeper;
 }
+
+/** How many modules are gathered at once when the model is made whole. */
+const MODULES_A_BATCH = 1000;
 
 /**
  * `keeper` brought up to date with the keys changed since (docs/runtime.md §6.12): each module a
