@@ -10,7 +10,7 @@ import {
   snapshotsOf,
   STATES,
 } from "./_lib/state.ts";
-import { COMPILE_FUNCTION, countFailing, readStatus, STATUS, statusAnswer, statusRequest } from "./_lib/status.ts";
+import { countFailing, readStatus, STATUS, statusAnswer, statusReads, statusRequest } from "./_lib/status.ts";
 
 /**
  * docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers
@@ -70,19 +70,12 @@ export default defineFunction({
   },
   handler: async (request, ctx) => {
     const { graceSeconds } = ctx.config.provisioning;
-    // Every read at once: the views checked current once each, the runtime's records.
-    const [inputs, compiled, refused] = await Promise.all([
-      snapshotsOf(ctx.views),
-      ctx.runtime.lastRun(COMPILE_FUNCTION),
-      ctx.runtime.refusedEvents(),
-    ]);
-    const model = await currentModel(inputs, graceSeconds, ctx.config.rotation.graceSeconds);
+    const { inputs, model, runtime } = await statusReads(ctx);
     // A narrowing by provider speaks of providers only; by machine and consumer, of that node's and module's provisioning too.
     const provisioning =
       request.provider === undefined
         ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
         : NO_PROVISIONING;
-    const runtime = { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store };
     const stale = staleHoldersOf(model, ctx.clock.now(), { provider: request.provider, node: request.machine, module: request.consumer });
     const status = await readStatus(
       request,

@@ -9,8 +9,8 @@ import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
 import { token } from "./keys.ts";
 import type { StaleHolder } from "./rotation.ts";
-import { currentModel, modulesOf, provisioningOf, snapshotsOf, staleHoldersOf, stateAt, type ModuleState } from "./state.ts";
-import { COMPILE_FUNCTION, readStatus, type Status } from "./status.ts";
+import { modulesOf, provisioningOf, staleHoldersOf, stateAt, type Model, type ModuleState, type StateInputs } from "./state.ts";
+import { readStatus, statusReads, type Status } from "./status.ts";
 
 /** A pair or triple of tokens joined by `.`: `<node>.<module>`, `<provider>.<machine>.<consumer>`. */
 const joined = (count: number, names: string) =>
@@ -101,13 +101,7 @@ const text = (value: Uint8Array) => decoder.decode(value);
 export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream: string): Promise<Overview> {
   const now = ctx.clock.now();
   const { graceSeconds } = ctx.config.provisioning;
-  const [inputs, compiled, refused] = await Promise.all([
-    snapshotsOf(ctx.views),
-    ctx.runtime.lastRun(COMPILE_FUNCTION),
-    ctx.runtime.refusedEvents(),
-  ]);
-  const model = await currentModel(inputs, graceSeconds, ctx.config.rotation.graceSeconds);
-  const runtime = { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store };
+  const { inputs, model, runtime } = await statusReads(ctx);
   // The banner speaks of the whole mesh, as GET /status does; the lists of what the filters reach.
   const status = await readStatus(
     {},
@@ -182,13 +176,13 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
   };
 }
 
-function stateOf(model: Awaited<ReturnType<typeof currentModel>>, key: string, now: Date, graceSeconds: number): ModuleState | undefined {
+function stateOf(model: Model, key: string, now: Date, graceSeconds: number): ModuleState | undefined {
   const kept = model.modules.get(key);
   return kept === undefined ? undefined : stateAt(kept, now, graceSeconds);
 }
 
 /** A module's details: its state, its needs (`<node>.<module>.>`) and its applied record (`<node>.<module>`), values as the node wrote them. */
-async function openedOf(inputs: Awaited<ReturnType<typeof snapshotsOf>>, key: string, state: ModuleState | undefined): Promise<Opened> {
+async function openedOf(inputs: StateInputs, key: string, state: ModuleState | undefined): Promise<Opened> {
   const [node, module] = key.split(".") as [string, string];
   const [needs, applied] = await Promise.all([inputs.needs.reads.list([`${key}.>`], { limit: LISTED }), inputs.applied.reads.get(key)]);
   return {
