@@ -19,6 +19,22 @@ export interface DemoBus {
   credentials(user: string): Credentials;
 }
 
+/** `provider`'s client on the demo's bus. */
+const providerOn = (bus: DemoBus, provider: string) =>
+  connectProvider({ servers: bus.servers, provider, credentials: bus.credentials(provider), name: `${provider} provider` });
+/** `node`'s client on the demo's bus. */
+const nodeOn = (bus: DemoBus, node: string) =>
+  connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client` });
+
+/** Asks `shown` every 100 ms until it holds, for up to {@link WAIT_MS}; then throws `what was published but …`. */
+async function untilShown(shown: () => Promise<boolean>, what: string): Promise<void> {
+  const deadline = Date.now() + WAIT_MS;
+  while (!(await shown())) {
+    if (Date.now() > deadline) throw new Error(`${what} after ${WAIT_MS / 1000} s`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 /**
  * The bus of the demo: on the embedded default, the running embedded server and its users
  * (`.state/users.json`); on a server of one's own (NATS_URL set), its URLs and the users file
@@ -75,12 +91,7 @@ export async function writeDemo(config: Config, bus: DemoBus): Promise<Record<st
     }
   }
   for (const node of NODES) {
-    const client = await connectNode({
-      servers: bus.servers,
-      node,
-      credentials: bus.credentials(node),
-      name: `${node} provisioner client`,
-    });
+    const client = await nodeOn(bus, node);
     try {
       let count = 0;
       for (const step of demoMesh(node)) {
@@ -116,23 +127,14 @@ export async function writeDemo(config: Config, bus: DemoBus): Promise<Record<st
  */
 export async function publishDemoEvent(bus: DemoBus, kind: "failing" | "recovered"): Promise<void> {
   const { provider, machine, consumer, word } = DEMO_FAILING;
-  const client = await connectProvider({
-    servers: bus.servers,
-    provider,
-    credentials: bus.credentials(provider),
-    name: `${provider} provider`,
-  });
+  const client = await providerOn(bus, provider);
   try {
     if (kind === "failing") await client.failing(machine, consumer, word);
     else await client.recovered(machine, consumer);
-    const deadline = Date.now() + WAIT_MS;
-    for (;;) {
-      const { failing } = await askStatus(client.nc, { provider, machine, consumer });
-      if (failing.length === (kind === "failing" ? 1 : 0)) return;
-      if (Date.now() > deadline)
-        throw new Error(`the ${kind} of ${provider} was published but status does not show it after ${WAIT_MS / 1000} s`);
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    await untilShown(
+      async () => (await askStatus(client.nc, { provider, machine, consumer })).failing.length === (kind === "failing" ? 1 : 0),
+      `the ${kind} of ${provider} was published but status does not show it`,
+    );
   } finally {
     await client.close();
   }
@@ -144,22 +146,13 @@ export async function publishDemoEvent(bus: DemoBus, kind: "failing" | "recovere
  */
 export async function publishDemoRotation(bus: DemoBus): Promise<void> {
   const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
-  const client = await connectProvider({
-    servers: bus.servers,
-    provider,
-    credentials: bus.credentials(provider),
-    name: `${provider} provider`,
-  });
+  const client = await providerOn(bus, provider);
   try {
     await client.rotated(provision, revision, { machine, consumer });
-    const deadline = Date.now() + WAIT_MS;
-    for (;;) {
+    await untilShown(async () => {
       const { entries } = await askAll(client.nc, { what: HOLDERS, provision, node: machine });
-      if ((entries as unknown as { module: string; stale: boolean }[]).some((h) => h.module === consumer && h.stale)) return;
-      if (Date.now() > deadline)
-        throw new Error(`the rotation of ${provision} was published but its holder is not stale after ${WAIT_MS / 1000} s`);
-      await new Promise((r) => setTimeout(r, 100));
-    }
+      return (entries as unknown as { module: string; stale: boolean }[]).some((h) => h.module === consumer && h.stale);
+    }, `the rotation of ${provision} was published but its holder is not stale`);
   } finally {
     await client.close();
   }
@@ -172,18 +165,8 @@ export async function publishDemoRotation(bus: DemoBus): Promise<void> {
  */
 export async function catchUpDemo(bus: DemoBus): Promise<unknown> {
   const { provider, provision, revision, machine, consumer } = DEMO_ROTATION;
-  const listener = await connectProvider({
-    servers: bus.servers,
-    provider,
-    credentials: bus.credentials(provider),
-    name: `${provider} provider`,
-  });
-  const node = await connectNode({
-    servers: bus.servers,
-    node: machine,
-    credentials: bus.credentials(machine),
-    name: `${machine} provisioner client`,
-  });
+  const listener = await providerOn(bus, provider);
+  const node = await nodeOn(bus, machine);
   try {
     const released = new Promise<unknown>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`no release of ${provision} within ${WAIT_MS / 1000} s`)), WAIT_MS);

@@ -20,6 +20,7 @@ import {
   STOP_GRACE_MS,
   toConf,
   type Running,
+  type Session,
 } from "../runtime/index.ts";
 import { DEFAULT_WHAT, HISTORY, HOLDERS, ROTATIONS, STATE } from "../functions/_lib/provisioning.ts";
 import { STATES } from "../functions/_lib/state.ts";
@@ -39,6 +40,16 @@ const program = new Command("mesh-provisioner")
   .hook("preAction", () => showWhole(program.opts<{ wide?: boolean }>().wide === true));
 
 const config = () => loadConfig(program.opts<{ config: string }>().config);
+
+/** Runs `use` on a connection of the config's bus as the seat (the embedded server joined), named `mesh-provisioner <command>`, closed after. */
+async function asking(command: string, use: (nc: Session["nc"]) => Promise<void>): Promise<void> {
+  const session = await openSession(await config(), { embedded: "join", name: `mesh-provisioner ${command}` });
+  try {
+    await use(session.nc);
+  } finally {
+    await session.close();
+  }
+}
 
 program
   .command("start")
@@ -93,10 +104,9 @@ ask
   .action(async (what: string, options: Record<string, unknown>) => {
     const { json, ...fields } = options;
     const request = { what, ...fields };
-    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner ask" });
-    try {
+    await asking("ask", async (nc) => {
       const onePage = fields.limit !== undefined || fields.cursor !== undefined;
-      const answer = onePage ? await askOnce(session.nc, request) : await askAll(session.nc, request);
+      const answer = onePage ? await askOnce(nc, request) : await askAll(nc, request);
       const shownAs = () =>
         answer.what === STATE
           ? formatStates(answer as Parameters<typeof formatStates>[0], new Date())
@@ -104,9 +114,7 @@ ask
             ? JSON.stringify(answer, null, 2)
             : formatAnswer(answer as Parameters<typeof formatAnswer>[0]);
       console.log(json ? JSON.stringify(answer, null, 2) : shownAs());
-    } finally {
-      await session.close();
-    }
+    });
   });
 
 program
@@ -118,13 +126,10 @@ program
   .option("--json", "print the answer as JSON")
   .action(async (options: Record<string, unknown>) => {
     const { json, ...narrowing } = options;
-    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner state" });
-    try {
-      const answer = await askStates(session.nc, narrowing);
+    await asking("state", async (nc) => {
+      const answer = await askStates(nc, narrowing);
       console.log(json ? JSON.stringify(answer, null, 2) : formatStates(answer, new Date()));
-    } finally {
-      await session.close();
-    }
+    });
   });
 
 program
@@ -136,15 +141,12 @@ program
   .option("--json", "print the answer as JSON")
   .action(async (provision: string, options: Record<string, unknown>) => {
     const { json, ...narrowing } = options;
-    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner holders" });
-    try {
-      const answer = await askAll(session.nc, { what: HOLDERS, provision, ...narrowing });
+    await asking("holders", async (nc) => {
+      const answer = await askAll(nc, { what: HOLDERS, provision, ...narrowing });
       console.log(
         json ? JSON.stringify(answer, null, 2) : formatHolders(answer as unknown as Parameters<typeof formatHolders>[0], new Date()),
       );
-    } finally {
-      await session.close();
-    }
+    });
   });
 
 program
@@ -155,15 +157,12 @@ program
   .option("--json", "print the answer as JSON")
   .action(async (options: Record<string, unknown>) => {
     const { json, ...narrowing } = options;
-    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner rotations" });
-    try {
-      const answer = await askAll(session.nc, { what: ROTATIONS, ...narrowing });
+    await asking("rotations", async (nc) => {
+      const answer = await askAll(nc, { what: ROTATIONS, ...narrowing });
       console.log(
         json ? JSON.stringify(answer, null, 2) : formatRotations(answer as unknown as Parameters<typeof formatRotations>[0], new Date()),
       );
-    } finally {
-      await session.close();
-    }
+    });
   });
 
 program
@@ -175,14 +174,11 @@ program
   .option("--json", "print the answer as JSON")
   .action(async (options: Record<string, unknown>) => {
     const { json, ...narrowing } = options;
-    const session = await openSession(await config(), { embedded: "join", name: "mesh-provisioner status" });
-    try {
-      const status = await askStatus(session.nc, narrowing);
+    await asking("status", async (nc) => {
+      const status = await askStatus(nc, narrowing);
       console.log(json ? JSON.stringify(status, null, 2) : formatStatus(status, new Date()));
       if (!status.well) process.exitCode = 1;
-    } finally {
-      await session.close();
-    }
+    });
   });
 
 const names = (value: string, previous: string[] = []) => [...previous, value];
