@@ -53,6 +53,22 @@ export function linkTo(query: PageQuery, change: Partial<Record<keyof PageQuery,
 
 const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
+/** A list as a table: its column heads, then `children` (its rows), scrolling sideways when wider than the page. */
+const ListTable = ({ columns, children }: { columns: readonly string[]; children?: unknown }) => (
+  <div class="scroll">
+    <table class="list">
+      <thead>
+        <tr>
+          {columns.map((c) => (
+            <th scope="col">{c}</th>
+          ))}
+        </tr>
+      </thead>
+      <tbody>{children}</tbody>
+    </table>
+  </div>
+);
+
 function Banner({ o }: { o: Overview }) {
   const { status } = o;
   const counts = [
@@ -88,36 +104,21 @@ function FailingList({ o }: { o: Overview }) {
       {rows.length === 0 ? (
         <p class="none">Nothing the filters reach is failing.</p>
       ) : (
-        <div class="scroll">
-          <table class="list">
-            <thead>
-              <tr>
-                <th scope="col">Provider</th>
-                <th scope="col">Machine</th>
-                <th scope="col">Consumer</th>
-                <th scope="col">Word</th>
-                <th scope="col">For</th>
-              </tr>
-            </thead>
-            <tbody>
-              {rows.map((f: Failing) => (
-                <tr>
-                  <td data-label="Provider">{f.provider}</td>
-                  <td data-label="Machine">{f.machine}</td>
-                  <td data-label="Consumer">{f.consumer}</td>
-                  <td data-label="Word" class="word">
-                    {f.word}
-                  </td>
-                  <td data-label="For">
-                    <a href={`${linkTo(o.query, { triple: `${f.provider}.${f.machine}.${f.consumer}` })}#timeline`}>
-                      {lasted(f.since, o.now)}
-                    </a>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <ListTable columns={["Provider", "Machine", "Consumer", "Word", "For"]}>
+          {rows.map((f: Failing) => (
+            <tr>
+              <td data-label="Provider">{f.provider}</td>
+              <td data-label="Machine">{f.machine}</td>
+              <td data-label="Consumer">{f.consumer}</td>
+              <td data-label="Word" class="word">
+                {f.word}
+              </td>
+              <td data-label="For">
+                <a href={`${linkTo(o.query, { triple: `${f.provider}.${f.machine}.${f.consumer}` })}#timeline`}>{lasted(f.since, o.now)}</a>
+              </td>
+            </tr>
+          ))}
+        </ListTable>
       )}
       {o.status.outOfShape.length === 0 ? (
         ""
@@ -406,32 +407,21 @@ function Registry({ o }: { o: Overview }) {
           </>
         )}
       </p>
-      <div class="scroll">
-        <table class="list">
-          <thead>
-            <tr>
-              <th scope="col">Kind</th>
-              <th scope="col">Module</th>
-              <th scope="col">Where</th>
-            </tr>
-          </thead>
-          <tbody>
-            {o.registry.map((r) => (
-              <tr>
-                <td data-label="Kind">{r.kind}</td>
-                <td data-label="Module">{String(r.value?.module ?? "?")}</td>
-                <td data-label="Where">
-                  {r.value === null
-                    ? "not JSON"
-                    : r.value.verb !== undefined
-                      ? `verb ${r.value.verb}`
-                      : `bucket ${r.value.bucket} key ${r.value.key}${r.value.collection === undefined ? "" : ` collection ${r.value.collection}`}`}
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </div>
+      <ListTable columns={["Kind", "Module", "Where"]}>
+        {o.registry.map((r) => (
+          <tr>
+            <td data-label="Kind">{r.kind}</td>
+            <td data-label="Module">{String(r.value?.module ?? "?")}</td>
+            <td data-label="Where">
+              {r.value === null
+                ? "not JSON"
+                : r.value.verb !== undefined
+                  ? `verb ${r.value.verb}`
+                  : `bucket ${r.value.bucket} key ${r.value.key}${r.value.collection === undefined ? "" : ` collection ${r.value.collection}`}`}
+            </td>
+          </tr>
+        ))}
+      </ListTable>
     </>
   );
 }
