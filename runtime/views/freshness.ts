@@ -2,7 +2,7 @@
  * Freshness of a live view: whether it holds every write acknowledged before a read (docs/verb.md §4).
  * It asks the stream whether anything follows the last sequence the view applied, else for the
  * stream's last sequence, and waits up to {@link CATCH_UP_MS} for the view to reach it.
- * Concurrent reads share these requests. It knows sequences only, nothing of the view's tree.
+ * Concurrent reads share these requests. It knows sequences only, nothing of the view's store.
  */
 import type { JetStreamManager, NatsConnection, StreamConfig } from "nats";
 import type { Logger } from "pino";

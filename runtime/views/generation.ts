@@ -1,19 +1,15 @@
 /**
  * One generation of a live view: one load of a bucket, from a watch of every key (last values,
- * then updates) into a B+ tree by key, delete markers included. It knows the last stream
- * sequence it applied, which delete markers it kept without their value, and how to find the
- * records matching key filters in key order. Nothing here asks the server whether the tree is
- * current: that is freshness.ts.
+ * then updates) into a {@link RecordStore} (store.ts), delete markers included. It knows the last
+ * stream sequence it applied and how to find the records matching key filters in key order.
+ * Nothing here asks the server whether the store is current: that is freshness.ts.
  */
-import { createRequire } from "node:module";
 import type { KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "pino";
 import { filterList, nanosOf, watchOf } from "../buckets.ts";
-import type { KeyRecord, ListOptions } from "../types.ts";
+import type { ListOptions } from "../types.ts";
 import { subjectMatches } from "../subjects.ts";
-
-// Required, not imported: a CommonJS module whose default export tsx and vitest unwrap differently.
-const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typeof import("sorted-btree");
+import { RecordStore } from "./store.ts";
 
 /**
  * The largest value of a delete marker a view keeps, in bytes: a longer one (a node may write
@@ -21,19 +17,15 @@ const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typ
  */
 export const MARKER_VALUE_BYTES = 4096;
 
-/** The records of a bucket by key, in JavaScript string order. */
-export type KeyTree = InstanceType<typeof BTree<string, KeyRecord>>;
-
 /** One load of a bucket: its records by key, the last sequence applied, the watch feeding them. */
 export interface Generation {
-  readonly tree: KeyTree;
+  /** The records by key, in JavaScript string order. */
+  readonly store: RecordStore;
   /** The stream sequence of the last record applied; 0 before the first. */
   applied: number;
   readonly watch: QueuedIterator<KvEntry>;
-  /** Resolves when the tree holds the bucket as it was when the watch started. */
+  /** Resolves when the store holds the bucket as it was when the watch started. */
   readonly loaded: Promise<void>;
-  /** Delete markers whose value was longer than {@link MARKER_VALUE_BYTES}, kept empty. */
-  readonly cut: WeakSet<KeyRecord>;
   /** The keys applied, by stream sequence, for {@link changedAfter}. */
   readonly log: ChangeLog;
 }
@@ -69,12 +61,9 @@ export function changedAfter(generation: Generation, sequence: number): string[]
   return lo === log.keys.length ? [] : [...new Set(log.keys.slice(lo))];
 }
 
-const EMPTY = new Uint8Array(0);
-const byKey = (a: KeyRecord, b: KeyRecord) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
-
 /**
  * Starts a generation: a watch of every key of the bucket behind `kv` (`$KV.<bucket>.>`, last
- * values then updates) applied to a new tree. `applied` is called after each record is
+ * values then updates) applied to a new store. `applied` is called after each record is
  * applied; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
  * Throws `cannot watch bucket <bucket>: …` when the watch cannot be created.
  */
@@ -93,11 +82,10 @@ export async function startGeneration(
     throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`, { cause: err });
   }
   const generation: Generation = {
-    tree: new BTree<string, KeyRecord>(),
+    store: new RecordStore(),
     applied: 0,
     watch,
     loaded,
-    cut: new WeakSet(),
     log: { from: 0, sequences: [], keys: [] },
   };
   void (async () => {
@@ -112,24 +100,21 @@ export async function startGeneration(
 }
 
 /**
- * Applies one watched entry: its record replaces the key's in the tree (a delete or purge as a
+ * Applies one watched entry: its record replaces the key's in the store (a delete or purge as a
  * marker, its value cut when longer than {@link MARKER_VALUE_BYTES}), `applied` moves up to its
  * revision, and its key is logged.
  */
 export function applyEntry(generation: Generation, entry: KvEntry): void {
   const deleted = entry.operation !== "PUT";
-  const kept = !deleted || entry.value.length <= MARKER_VALUE_BYTES;
-  const record: KeyRecord = {
+  generation.store.set({
     key: entry.key,
-    // A copy: the message's bytes may be a view into a larger read buffer.
-    value: kept ? entry.value.slice() : EMPTY,
+    value: entry.value,
     revision: entry.revision,
-    created: entry.created,
+    createdMs: entry.created.getTime(),
     createdNanos: nanosOf(entry),
     deleted,
-  };
-  if (!kept) generation.cut.add(record);
-  generation.tree.set(record.key, record);
+    cut: deleted && entry.value.length > MARKER_VALUE_BYTES,
+  });
   if (entry.revision <= generation.applied) return;
   generation.applied = entry.revision;
   const { log } = generation;
@@ -149,49 +134,60 @@ function literalPrefix(filter: string): string | undefined {
   return first === -1 ? undefined : tokens.slice(0, first).join(".");
 }
 
-/** The records of `tree` matching `filter` (a key, or a subject with `*`/`>`), in key order, after `after`. */
-export function* matching(tree: KeyTree, filter: string, after: string | undefined): Generator<KeyRecord> {
+/** The slots of `store` matching `filter` (a key, or a subject with `*`/`>`), in key order, after `after`. */
+export function* matching(store: RecordStore, filter: string, after: string | undefined): Generator<number> {
   const prefix = literalPrefix(filter);
   if (prefix === undefined) {
-    const record = tree.get(filter);
-    if (record !== undefined && (after === undefined || record.key > after)) yield record;
+    const slot = store.slotOf(filter);
+    if (slot !== undefined && (after === undefined || filter > after)) yield slot;
     return;
   }
   const begin = prefix === "" ? "" : `${prefix}.`;
   // `<prefix>.>` matches every key under the prefix: no need to match each.
   const everyKey = filter.slice(begin.length) === ">";
   const from = after !== undefined && after > begin ? after : begin;
-  for (const [key, record] of tree.entries(from)) {
+  for (const [key, slot] of store.entries(from)) {
     if (!key.startsWith(begin)) return;
     if (key === after) continue;
-    if (everyKey || subjectMatches(filter, key)) yield record;
+    if (everyKey || subjectMatches(filter, key)) yield slot;
   }
 }
 
 /**
- * Up to `options.limit` records of `tree` matching any of `filters`, after `options.after`, in
- * key order; deleted ones only when `deleted`. Throws, as {@link filterList} does, on a filter
- * longer than `MAX_KEY_BYTES`.
+ * The slots of up to `options.limit` records of `store` matching any of `filters`, after
+ * `options.after`, in key order; deleted ones only when `deleted`. Throws, as
+ * {@link filterList} does, on a filter longer than `MAX_KEY_BYTES`.
  */
 export function collect(
-  tree: KeyTree,
+  store: RecordStore,
   bucket: string,
   filters: string | readonly string[],
   options: ListOptions,
   deleted: boolean,
-): KeyRecord[] {
+): number[] {
   const all = filterList(bucket, filters);
   const limit = options.limit ?? Infinity;
-  const found = new Map<string, KeyRecord>();
+  if (all.length === 1) {
+    const found: number[] = [];
+    for (const slot of matching(store, all[0]!, options.after)) {
+      if (found.length >= limit) break;
+      if (deleted || !store.deleted(slot)) found.push(slot);
+    }
+    return found;
+  }
+  const found = new Set<number>();
   for (const filter of all) {
     let taken = 0;
-    for (const record of matching(tree, filter, options.after)) {
+    for (const slot of matching(store, filter, options.after)) {
       if (taken >= limit) break;
-      if (!deleted && record.deleted) continue;
-      found.set(record.key, record);
+      if (!deleted && store.deleted(slot)) continue;
+      found.add(slot);
       taken++;
     }
   }
-  const sorted = all.length === 1 ? [...found.values()] : [...found.values()].sort(byKey);
+  const sorted = [...found].sort((a, b) => {
+    const [x, y] = [store.keyOf(a), store.keyOf(b)];
+    return x < y ? -1 : x > y ? 1 : 0;
+  });
   return sorted.length > limit ? sorted.slice(0, limit) : sorted;
 }

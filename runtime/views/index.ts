@@ -1,8 +1,8 @@
 /**
  * Live views of buckets: {@link openView} keeps a bucket in memory from one watch and answers
  * reads from it once it holds every write acknowledged before them, from the server otherwise.
- * It wires a generation (generation.ts: the tree one watch fills), freshness (freshness.ts:
- * whether the tree is current) and resync (resync.ts: loading the bucket again when it is not).
+ * It wires a generation (generation.ts: the store one watch fills, store.ts), freshness
+ * (freshness.ts: whether the store is current) and resync (resync.ts: loading the bucket again when it is not).
  */
 import { randomUUID } from "node:crypto";
 import type { KV, NatsConnection } from "nats";
@@ -11,6 +11,7 @@ import { checkedKey } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
 import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
+import type { RecordStore } from "./store.ts";
 import type { Progress } from "./progress.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
 
@@ -33,7 +34,7 @@ export interface LiveView extends ViewBucket {
 
 /**
  * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
- * every key (`$KV.<bucket>.>`, last values then updates) kept in a B+ tree by key, delete
+ * every key (`$KV.<bucket>.>`, last values then updates) kept compactly by key (store.ts), delete
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
  * makes sure the view holds every write acknowledged before it was asked (docs/verb.md §4), as
  * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
@@ -90,7 +91,7 @@ export async function openView(
     const done = progress.track({
       bucket,
       of: state.num_subjects ?? (state.messages === 0 ? 0 : state.messages),
-      loaded: () => first.tree.size,
+      loaded: () => first.store.size,
     });
     void first.loaded.then(done);
   }
@@ -120,41 +121,36 @@ export async function openView(
     }
   })().catch(() => {});
 
-  /** A record as read: a delete marker whose value the view did not keep, read from the server. */
-  const whole = async (generation: Generation, record: KeyRecord): Promise<KeyRecord | null> =>
-    generation.cut.has(record) ? server.last(record.key) : record;
-
-  // One entry object per record, so a key read again unchanged is the same object (callers may
-  // keep what they derive from it).
-  const entries = new WeakMap<KeyRecord, Entry>();
-  const live = (record: KeyRecord): Entry => {
-    let entry = entries.get(record);
-    if (entry === undefined) {
-      const { deleted: _, ...rest } = record;
-      entry = rest;
-      entries.set(record, entry);
-    }
+  /** The record of `slot`, made as read: a delete marker whose value the view did not keep, read from the server. */
+  const whole = async (generation: Generation, slot: number): Promise<KeyRecord | null> =>
+    generation.store.cut(slot) ? server.last(generation.store.keyOf(slot)) : generation.store.record(slot);
+  const live = (store: RecordStore, slot: number): Entry => {
+    const { deleted: _, ...entry } = store.record(slot);
     return entry;
   };
 
   const local: ReadBucket = Object.freeze({
     bucket,
     async get(key: string) {
-      const record = current!.tree.get(checkedKey(bucket, key));
-      return record === undefined || record.deleted ? null : live(record);
+      const { store } = current!;
+      const slot = store.slotOf(checkedKey(bucket, key));
+      return slot === undefined || store.deleted(slot) ? null : live(store, slot);
     },
     async last(key: string) {
       const generation = current!;
-      const record = generation.tree.get(checkedKey(bucket, key));
-      return record === undefined ? null : whole(generation, record);
+      const slot = generation.store.slotOf(checkedKey(bucket, key));
+      return slot === undefined ? null : whole(generation, slot);
     },
-    list: async (filters: string | readonly string[], options: ListOptions = {}) =>
-      collect(current!.tree, bucket, filters, options, false).map(live),
+    list: async (filters: string | readonly string[], options: ListOptions = {}) => {
+      const { store } = current!;
+      return collect(store, bucket, filters, options, false).map((slot) => live(store, slot));
+    },
     async records(filters: string | readonly string[], options: ListOptions = {}) {
       const generation = current!;
-      const found = collect(generation.tree, bucket, filters, options, true);
-      if (!found.some((record) => generation.cut.has(record))) return found;
-      return (await Promise.all(found.map((record) => whole(generation, record)))).filter((record): record is KeyRecord => record !== null);
+      const { store } = generation;
+      const found = collect(store, bucket, filters, options, true);
+      if (!found.some((slot) => store.cut(slot))) return found.map((slot) => store.record(slot));
+      return (await Promise.all(found.map((slot) => whole(generation, slot)))).filter((record): record is KeyRecord => record !== null);
     },
   });
 

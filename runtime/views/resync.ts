@@ -17,7 +17,7 @@ export interface Load {
   /** The stream sequence of the last record applied. */
   readonly applied: number;
   /** The records held; `size` is the number of keys, delete markers included. */
-  readonly tree: { readonly size: number };
+  readonly store: { readonly size: number };
   /** Resolves when the load holds the bucket as it was when it started. */
   readonly loaded: Promise<void>;
   readonly watch: { stop(): void };
@@ -124,8 +124,8 @@ export function resyncing<G extends Load>({
     const comparable =
       applied === state.last_seq ||
       (applied < state.last_seq && (await nothingAfter(applied)) && current() === generation && generation.applied === applied);
-    if (!comparable || generation.tree.size === subjects) return;
-    return reload(`the view holds ${generation.tree.size} keys, the stream ${subjects} subjects`, false, streamCreated);
+    if (!comparable || generation.store.size === subjects) return;
+    return reload(`the view holds ${generation.store.size} keys, the stream ${subjects} subjects`, false, streamCreated);
   };
   const tick = () =>
     round().catch((err: unknown) => {

@@ -7,101 +7,44 @@
  * Processes: this one (the server's owner, the data writer, every client), the function set
  * (`mesh-provisioner start`, as it runs in production) and the `echo` responder, each its own.
  */
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { cpus, tmpdir, totalmem } from "node:os";
-import { join, resolve } from "node:path";
-import { createServer } from "node:net";
-import { createInterface } from "node:readline";
-import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnection } from "nats";
-import { Bench } from "tinybench";
-import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openRunner } from "../../runtime/index.ts";
-import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
+import { writeFileSync } from "node:fs";
+import { cpus, totalmem } from "node:os";
+import { join } from "node:path";
+import { AckPolicy, connect, DeliverPolicy, type JsMsg, type NatsConnection } from "nats";
+import { invoke, openRunner } from "../../runtime/index.ts";
 import { createLogger } from "../../runtime/log.ts";
-import { authorization } from "../../runtime/permissions.ts";
 import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
 import { targetsOf } from "../../runtime/triggers/kind.ts";
-import { collectKey, needKey } from "../../client/index.ts";
+import { needKey } from "../../client/index.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 import { STATUS } from "../../functions/_lib/status.ts";
 import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
+import {
+  appliedOf,
+  askEcho,
+  askVerb,
+  collectsOf,
+  fill,
+  latency,
+  line,
+  median,
+  MODULES,
+  ms,
+  needsOf,
+  openBench,
+  PER_MODULE,
+  rssOf,
+  watchRead,
+  type BenchBus,
+} from "./harness.ts";
 
-const ROOT = resolve(import.meta.dirname, "../..");
 const RESULTS = join(import.meta.dirname, "results.json");
 const NODES = 1000;
-const MODULES = 10;
-const PER_MODULE = 10;
 const EVENTS = 10_000;
 const CONCURRENT = 32;
 const CONCURRENT_MS = 5000;
-const LATENCY_MS = 2000;
-
-const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
-const functions = await loadFunctions(config);
-const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
-const children: ChildProcess[] = [];
-let server: EmbeddedServer | undefined;
-
-process.on("exit", () => {
-  for (const child of children) child.kill("SIGKILL");
-});
-
-const line = (text: string) => process.stdout.write(`${text}\n`);
 /** How long the set is left idle before each RSS figure of the state, in milliseconds. */
 const IDLE_MS = 10_000;
-/** How often a fill of a bucket says how far it is, in milliseconds. */
-const FILL_SAY_MS = 3000;
-const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-
-/** A TCP port free now on the loopback. */
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const probe = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-    probe.once("error", reject);
-  });
-
-/** Spawns a process of this project and resolves once a line of its stdout or stderr matches `ready`. */
-async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ process: ChildProcess; line: string }> {
-  const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-  children.push(proc);
-  proc.stderr!.pipe(process.stderr);
-  return new Promise((resolvePromise, reject) => {
-    for (const input of [proc.stdout!, proc.stderr!]) {
-      createInterface({ input }).on("line", (text) => {
-        if (ready.test(text)) resolvePromise({ process: proc, line: text });
-      });
-    }
-    proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
-  });
-}
-
-async function stopChild(proc: ChildProcess): Promise<void> {
-  if (proc.exitCode !== null) return;
-  const exited = new Promise((r) => proc.once("exit", r));
-  proc.kill("SIGTERM");
-  await exited;
-}
-
-/** Kibibytes of resident memory of a process, from /proc. */
-const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) * 1024;
-
-/** Every key of `kv` read with one unfiltered (or filtered) watch, each value parsed as a client would. */
-async function watchRead(kv: KV, key = ">"): Promise<number> {
-  let count = 0;
-  let done = false;
-  const iterator = await kv.watch({ key, initializedFn: () => (done = true) });
-  if (done) iterator.stop();
-  for await (const entry of iterator) {
-    if (entry.operation === "PUT") JSON.parse(entry.string());
-    count++;
-    if (entry.delta === 0) iterator.stop();
-  }
-  return count;
-}
 
 /** p50 of `ask` in milliseconds, each of `runs` asked right after `write(i)` was acknowledged (the write not timed). */
 async function afterWrites(write: (i: number) => Promise<unknown>, ask: () => Promise<unknown>, runs = 300): Promise<number> {
@@ -113,21 +56,6 @@ async function afterWrites(write: (i: number) => Promise<unknown>, ask: () => Pr
     times.push(performance.now() - t);
   }
   return median(times);
-}
-
-/** p50 and mean of `task` in milliseconds, with tinybench. */
-async function latency(
-  tasks: Record<string, () => Promise<unknown>>,
-): Promise<Record<string, { p50: number; mean: number; samples: number }>> {
-  const bench = new Bench({ time: LATENCY_MS, warmupTime: 300 });
-  for (const [name, fn] of Object.entries(tasks)) bench.add(name, fn);
-  await bench.run();
-  return Object.fromEntries(
-    bench.tasks.map((t) => {
-      const r = t.result as unknown as { latency: { p50: number; mean: number; samplesCount: number } };
-      return [t.name, { p50: r.latency.p50, mean: r.latency.mean, samples: r.latency.samplesCount }];
-    }),
-  );
 }
 
 /** Requests per second of `CONCURRENT` requesters, each on its own connection, for `CONCURRENT_MS`. */
@@ -147,93 +75,21 @@ async function throughput(connections: NatsConnection[], ask: (nc: NatsConnectio
 }
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
-async function main() {
+async function main(bench: BenchBus) {
+  const { server, nc, natsVersion, benchUser, config, functions, kv, startSet, stopChild } = bench;
   line(`mesh-provisioner bench: ${cpus().length} × ${cpus()[0]?.model}, ${Math.round(totalmem() / 2 ** 30)} GiB, node ${process.version}`);
-  const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
-  // The bench's own client writes every node's keys and answers echo: any subject.
-  const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
-  server = await startEmbedded({ stateDir: dir, users: [...users, { role: "seat", user: "bench", permissions: wide }] });
-  const natsVersion =
-    (await (async () => {
-      const probe = await connect({ servers: server!.url, user: "bench", pass: server!.users.bench!.password });
-      const v = probe.info?.version;
-      await probe.close();
-      return v;
-    })()) ?? "?";
   line(`nats-server ${natsVersion} at ${server.url}`);
-  const benchUser = { user: "bench", pass: server.users.bench!.password };
-  const nc = await connect({ servers: server.url, ...benchUser, name: "bench" });
   const js = nc.jetstream();
   const jsm = await nc.jetstreamManager();
-
-  const httpPort = await freePort();
-  const seatEnv = {
-    NATS_URL: server.url,
-    NATS_USER: server.seat.user,
-    NATS_PASSWORD: server.seat.password,
-    // A known port: the page's figures are asked over HTTP (docs/page.md §10.5).
-    HTTP_PORT: String(httpPort),
-    LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
-  };
-  // BENCH_PROFILE=<folder>: each run of the set writes a V8 CPU profile there when it stops.
-  const profile = process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${resolve(process.env.BENCH_PROFILE)}`] : [];
-  const startSet = () => child([...profile, join(ROOT, "bin", "mesh-provisioner.mjs"), "start"], seatEnv, /^ready in \d+ ms/);
+  const httpPort = bench.httpPort;
 
   // The set asserts the buckets and streams; the bench then fills them as node clients would.
   let set = await startSet();
-  const echo = await child(
-    ["--import", "tsx", join(import.meta.dirname, "echo.ts")],
-    { NATS_URL: server.url, NATS_USER: "bench", NATS_PASSWORD: benchUser.pass },
-    /^ready$/,
-  );
-  const kv = async (name: string) => js.views.kv(config.buckets[name]!.bucket, { bindOnly: true, allow_direct: true });
+  const echo = await bench.startEcho();
   const needs = await kv("needs");
 
-  // A line every few seconds while a fill lasts: keys written and the rate.
-  const fill = async (bucket: KV, keys: Iterable<[string, string]>) => {
-    // nats.js's KV keeps its bucket's name, untyped.
-    const { bucket: name } = bucket as unknown as { bucket: string };
-    const count = (n: number) => n.toLocaleString("en-US");
-    const began = performance.now();
-    let written = 0;
-    let said = began;
-    let batch: Promise<unknown>[] = [];
-    for (const [key, value] of keys) {
-      batch.push(bucket.put(key, value));
-      if (batch.length === 1000) {
-        await Promise.all(batch);
-        written += batch.length;
-        batch = [];
-        const now = performance.now();
-        if (now - said >= FILL_SAY_MS) {
-          said = now;
-          line(`  filling ${name}: ${count(written)} keys written, ${count(Math.round(written / ((now - began) / 1000)))} keys/s`);
-        }
-      }
-    }
-    await Promise.all(batch);
-  };
-  function* needsOf(from: number, to: number): Generator<[string, string]> {
-    for (let n = from; n < to; n++)
-      for (let m = 0; m < MODULES; m++)
-        for (let j = 0; j < PER_MODULE; j++)
-          yield [
-            needKey(`n${n}`, `m${m}`, `\${config:v${j}}`),
-            JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) }),
-          ];
-  }
-
   const narrowed = { what: "needs", node: "n5", module: "m3" };
-  const askVerb = (conn: NatsConnection, request: unknown) =>
-    conn.request(VERB, encoder.encode(JSON.stringify(request)), { timeout: 30_000 }).then((m) => {
-      if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`verb refused: ${m.headers.get("Nats-Service-Error")}`);
-      return JSON.parse(decoder.decode(m.data)) as { entries: unknown[]; next?: string };
-    });
-  const askEcho = (conn: NatsConnection) =>
-    conn.request("bench.echo", encoder.encode('{"what":"needs","node":"n5","module":"m3"}'), { timeout: 30_000 });
-
   const narrowedTasks = (size: string) => ({
     [`echo`]: () => askEcho(nc),
     [`raw-filter ${size}`]: () => watchRead(needs, "n5.m3.>"),
@@ -251,27 +107,13 @@ async function main() {
   await fill(needs, needsOf(10, NODES));
   const applied = await kv("applied");
   const collect = await kv("collect");
-  await fill(
-    applied,
-    (function* () {
-      for (let n = 0; n < NODES; n++)
-        for (let m = 0; m < MODULES; m++)
-          yield [`n${n}.m${m}`, JSON.stringify({ applied: `rev-${n}-${m}`, at: "2026-11-29T18:00:00Z" })] as [string, string];
-    })(),
-  );
-  await fill(
-    collect,
-    (function* () {
-      for (let n = 0; n < NODES; n++)
-        for (let c = 0; c < 10; c++)
-          yield [collectKey(`n${n}`, "shell:zsh:normal", `c${c}`), JSON.stringify({ lines: [`alias c${c}='true'`] })] as [string, string];
-    })(),
-  );
+  await fill(applied, appliedOf(0, NODES));
+  await fill(collect, collectsOf(0, NODES));
   line("filled needs: 100,000 keys; applied: 10,000; collect: 10,000");
 
   // 3. Start-to-ready with those buckets, against one unfiltered read of every bucket the set views.
   await stopChild(set.process);
-  const viewed = [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))];
+  const { viewed } = bench;
   const readAll: number[] = [];
   for (let i = 0; i < 3; i++) {
     const t = performance.now();
@@ -317,7 +159,7 @@ async function main() {
   }
 
   // 6. 32 concurrent requesters for 5 s each.
-  const connections = await Promise.all(Array.from({ length: CONCURRENT }, () => connect({ servers: server!.url, ...benchUser })));
+  const connections = await Promise.all(Array.from({ length: CONCURRENT }, () => connect({ servers: server.url, ...benchUser })));
   // Both answers taken as they come (the verb's checked for a refusal, not parsed): what is
   // measured is the responder. Alternated, three times each, to even out the machine's noise.
   const narrowedBody = encoder.encode(JSON.stringify(narrowed));
@@ -699,10 +541,9 @@ async function main() {
   line(`\nwritten to ${RESULTS}`);
 }
 
+const bench = await openBench();
 try {
-  await main();
+  await main(bench);
 } finally {
-  for (const proc of children) await stopChild(proc).catch(() => {});
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
+  await bench.stop();
 }

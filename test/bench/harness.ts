@@ -1,0 +1,237 @@
+/**
+ * What the benches share: one embedded nats-server with the embedded default's users plus a
+ * `bench` user that may use any subject, the function set and the echo responder as processes of
+ * their own, the bench data's keys, and the timing helpers. See test/bench/README.md.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { createServer } from "node:net";
+import { createInterface } from "node:readline";
+import { connect, type KV, type NatsConnection } from "nats";
+import { Bench } from "tinybench";
+import { CONFIG_FILE, loadConfig, loadFunctions } from "../../runtime/index.ts";
+import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
+import { authorization } from "../../runtime/permissions.ts";
+import { collectKey, needKey } from "../../client/index.ts";
+import { VERB } from "../../functions/_lib/provisioning.ts";
+
+export const ROOT = resolve(import.meta.dirname, "../..");
+export const MODULES = 10;
+export const PER_MODULE = 10;
+const LATENCY_MS = 2000;
+/** How often a fill of a bucket says how far it is, in milliseconds. */
+const FILL_SAY_MS = 3000;
+
+export const line = (text: string) => process.stdout.write(`${text}\n`);
+export const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
+export const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+export const count = (n: number) => n.toLocaleString("en-US");
+export const sleep = (n: number) => new Promise((r) => setTimeout(r, n));
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** A TCP port free now on the loopback. */
+export const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const probe = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address() as { port: number };
+      probe.close(() => resolve(port));
+    });
+    probe.once("error", reject);
+  });
+
+/** Bytes of resident memory of a process, from /proc. */
+export const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) * 1024;
+
+/** Every key of `kv` read with one unfiltered (or filtered) watch, each value parsed as a client would. */
+export async function watchRead(kv: KV, key = ">"): Promise<number> {
+  let n = 0;
+  let done = false;
+  const iterator = await kv.watch({ key, initializedFn: () => (done = true) });
+  if (done) iterator.stop();
+  for await (const entry of iterator) {
+    if (entry.operation === "PUT") JSON.parse(entry.string());
+    n++;
+    if (entry.delta === 0) iterator.stop();
+  }
+  return n;
+}
+
+/** p50 and mean of each task in milliseconds, with tinybench (2 s each after 0.3 s of warm-up). */
+export async function latency(
+  tasks: Record<string, () => Promise<unknown>>,
+): Promise<Record<string, { p50: number; mean: number; samples: number }>> {
+  const bench = new Bench({ time: LATENCY_MS, warmupTime: 300 });
+  for (const [name, fn] of Object.entries(tasks)) bench.add(name, fn);
+  await bench.run();
+  return Object.fromEntries(
+    bench.tasks.map((t) => {
+      const r = t.result as unknown as { latency: { p50: number; mean: number; samplesCount: number } };
+      return [t.name, { p50: r.latency.p50, mean: r.latency.mean, samples: r.latency.samplesCount }];
+    }),
+  );
+}
+
+/** Writes `keys` to `bucket` 1,000 puts at a time, a line every few seconds: keys written and the rate. */
+export async function fill(bucket: KV, keys: Iterable<[string, string]>): Promise<void> {
+  // nats.js's KV keeps its bucket's name, untyped.
+  const { bucket: name } = bucket as unknown as { bucket: string };
+  const began = performance.now();
+  let written = 0;
+  let said = began;
+  let batch: Promise<unknown>[] = [];
+  for (const [key, value] of keys) {
+    batch.push(bucket.put(key, value));
+    if (batch.length === 1000) {
+      await Promise.all(batch);
+      written += batch.length;
+      batch = [];
+      const now = performance.now();
+      if (now - said >= FILL_SAY_MS) {
+        said = now;
+        line(`  filling ${name}: ${count(written)} keys written, ${count(Math.round(written / ((now - began) / 1000)))} keys/s`);
+      }
+    }
+  }
+  await Promise.all(batch);
+}
+
+/** The needs of nodes `n<from>` to `n<to - 1>`: 10 modules of 10 needs each, values of about 110 bytes. */
+export function* needsOf(from: number, to: number): Generator<[string, string]> {
+  for (let n = from; n < to; n++)
+    for (let m = 0; m < MODULES; m++)
+      for (let j = 0; j < PER_MODULE; j++)
+        yield [
+          needKey(`n${n}`, `m${m}`, `\${config:v${j}}`),
+          JSON.stringify({ value: `postgres://db-${n}.mesh:5432/m${m}_${j}`, by: `n${n}`, note: "x".repeat(40) }),
+        ];
+}
+
+/** One applied record for each module of nodes `n<from>` to `n<to - 1>`. */
+export function* appliedOf(from: number, to: number): Generator<[string, string]> {
+  for (let n = from; n < to; n++)
+    for (let m = 0; m < MODULES; m++) yield [`n${n}.m${m}`, JSON.stringify({ applied: `rev-${n}-${m}`, at: "2026-11-29T18:00:00Z" })];
+}
+
+/** Ten collect keys for each of nodes `n<from>` to `n<to - 1>`. */
+export function* collectsOf(from: number, to: number): Generator<[string, string]> {
+  for (let n = from; n < to; n++)
+    for (let c = 0; c < 10; c++)
+      yield [collectKey(`n${n}`, "shell:zsh:normal", `c${c}`), JSON.stringify({ lines: [`alias c${c}='true'`] })];
+}
+
+/** The verb asked with `request`, its answer parsed; throws when the verb refuses. */
+export const askVerb = (conn: NatsConnection, request: unknown) =>
+  conn.request(VERB, encoder.encode(JSON.stringify(request)), { timeout: 30_000 }).then((m) => {
+    if (m.headers?.get("Nats-Service-Error-Code")) throw new Error(`verb refused: ${m.headers.get("Nats-Service-Error")}`);
+    return JSON.parse(decoder.decode(m.data)) as { entries: unknown[]; next?: string };
+  });
+
+/** One round trip to the echo responder, with a body the size of the narrowed verb's request. */
+export const askEcho = (conn: NatsConnection) =>
+  conn.request("bench.echo", encoder.encode('{"what":"needs","node":"n5","module":"m3"}'), { timeout: 30_000 });
+
+export type Started = { process: ChildProcess; line: string };
+
+/** The bench's server, its own connection, and the processes it starts. */
+export interface BenchBus {
+  readonly server: EmbeddedServer;
+  readonly nc: NatsConnection;
+  readonly natsVersion: string;
+  readonly benchUser: { user: string; pass: string };
+  readonly config: Awaited<ReturnType<typeof loadConfig>>;
+  readonly functions: Awaited<ReturnType<typeof loadFunctions>>;
+  /** The buckets some function views (`access.views`), by the config's names. */
+  readonly viewed: string[];
+  /** The port the set's HTTP listens on. */
+  readonly httpPort: number;
+  /** Starts `mesh-provisioner start` as the seat; resolves at its `ready in N ms` line. */
+  startSet(): Promise<Started>;
+  /** Starts the echo responder; resolves once it answers. */
+  startEcho(): Promise<Started>;
+  /** The KV handle of the config's bucket `name`, bound, direct gets allowed. */
+  kv(name: string): Promise<KV>;
+  /** Spawns a process of this project; resolves once a line of its stdout or stderr matches `ready`. */
+  child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<Started>;
+  stopChild(proc: ChildProcess): Promise<void>;
+  /** Stops every process, the server, and removes its store. */
+  stop(): Promise<void>;
+}
+
+/** Starts the bench's embedded nats-server and connects to it as `bench`. */
+export async function openBench(): Promise<BenchBus> {
+  const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
+  const functions = await loadFunctions(config);
+  const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
+  const children: ChildProcess[] = [];
+  process.on("exit", () => {
+    for (const proc of children) proc.kill("SIGKILL");
+  });
+  const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
+  // The bench's own client writes every node's keys and answers echo: any subject.
+  const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
+  const server = await startEmbedded({ stateDir: dir, users: [...users, { role: "seat", user: "bench", permissions: wide }] });
+  const benchUser = { user: "bench", pass: server.users.bench!.password };
+  const nc = await connect({ servers: server.url, ...benchUser, name: "bench" });
+  const js = nc.jetstream();
+
+  const child = async (args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<Started> => {
+    const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    children.push(proc);
+    proc.stderr!.pipe(process.stderr);
+    return new Promise((resolvePromise, reject) => {
+      for (const input of [proc.stdout!, proc.stderr!]) {
+        createInterface({ input }).on("line", (text) => {
+          if (ready.test(text)) resolvePromise({ process: proc, line: text });
+        });
+      }
+      proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
+    });
+  };
+  const stopChild = async (proc: ChildProcess) => {
+    if (proc.exitCode !== null) return;
+    const exited = new Promise((r) => proc.once("exit", r));
+    proc.kill("SIGTERM");
+    await exited;
+  };
+
+  const httpPort = await freePort();
+  const seatEnv = {
+    NATS_URL: server.url,
+    NATS_USER: server.seat.user,
+    NATS_PASSWORD: server.seat.password,
+    // A known port: the page's figures are asked over HTTP (docs/page.md §10.5).
+    HTTP_PORT: String(httpPort),
+    LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
+  };
+  // BENCH_PROFILE=<folder>: each run of the set writes a V8 CPU profile there when it stops.
+  const profile = process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${resolve(process.env.BENCH_PROFILE)}`] : [];
+  return {
+    server,
+    nc,
+    natsVersion: nc.info?.version ?? "?",
+    benchUser,
+    config,
+    functions,
+    viewed: [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))],
+    httpPort,
+    startSet: () => child([...profile, join(ROOT, "bin", "mesh-provisioner.mjs"), "start"], seatEnv, /^ready in \d+ ms/),
+    startEcho: () =>
+      child(
+        ["--import", "tsx", join(import.meta.dirname, "echo.ts")],
+        { NATS_URL: server.url, NATS_USER: "bench", NATS_PASSWORD: benchUser.pass },
+        /^ready$/,
+      ),
+    kv: (name) => js.views.kv(config.buckets[name]!.bucket, { bindOnly: true, allow_direct: true }),
+    child,
+    stopChild,
+    async stop() {
+      for (const proc of children) await stopChild(proc).catch(() => {});
+      await nc.close().catch(() => {});
+      await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
