@@ -65,15 +65,30 @@ function byKey(a: Entry, b: Entry): number {
 export const WATCH_WAITS_MS = [2000, 4000, 8000, 8000] as const;
 
 /**
- * `kv.watch(options)`, asked again (waiting {@link WATCH_WAITS_MS}) when the server does not
- * answer in time: nats-server before 2.11 may place the ephemeral consumer of a replicated
+ * Microseconds a message of the stream adds to each wait of {@link WATCH_WAITS_MS}: nats-server
+ * 2.9.10 takes about 4.6 µs a message of the stream to make a consumer delivering the last
+ * message of each subject (4.6 s for 1,000,000, docs/scale.md §11.1); twice that is waited.
+ */
+export const WATCH_WAIT_US_A_MESSAGE = 10;
+
+/** The waits of {@link WATCH_WAITS_MS} for a watch of a stream of `messages` messages, in milliseconds. */
+export const watchWaits = (messages: number): number[] =>
+  WATCH_WAITS_MS.map((ms) => ms + Math.ceil((messages * WATCH_WAIT_US_A_MESSAGE) / 1000));
+
+/**
+ * `kv.watch(options)`, asked again (waiting `waits`, {@link WATCH_WAITS_MS} by default, each
+ * cut short by `kv`'s JetStream timeout) when the server does not answer in time: nats-server before 2.11 may place the ephemeral consumer of a replicated
  * stream on a server that is down, whose creation then never answers (nats-server#7165). A
  * watch made by a late answer to an abandoned ask is stopped, and its `initializedFn` not
  * called. Throws what the server answers, or when no ask was answered.
  */
-export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIterator<KvEntry>> {
+export async function watchOf(
+  kv: KV,
+  options: KvWatchOptions,
+  waits: readonly number[] = WATCH_WAITS_MS,
+): Promise<QueuedIterator<KvEntry>> {
   for (let attempt = 1; ; attempt++) {
-    const waitMs = WATCH_WAITS_MS[attempt - 1]!;
+    const waitMs = waits[attempt - 1]!;
     let abandoned = false;
     let initialized = false;
     const asked = kv.watch({
@@ -100,9 +115,9 @@ export async function watchOf(kv: KV, options: KvWatchOptions): Promise<QueuedIt
       (watch) => watch.stop(),
       () => {},
     );
-    if (attempt === WATCH_WAITS_MS.length) {
-      const total = WATCH_WAITS_MS.reduce((a, b) => a + b, 0);
-      throw new Error(`no answer from the server to the creation of a watch, ${WATCH_WAITS_MS.length} times in ${total / 1000} s`);
+    if (attempt === waits.length) {
+      const total = waits.reduce((a, b) => a + b, 0);
+      throw new Error(`no answer from the server to the creation of a watch, ${waits.length} times in ${total / 1000} s`);
     }
   }
 }

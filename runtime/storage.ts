@@ -70,12 +70,12 @@ export async function openStorage(
   try {
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
-        const view = await openView(nc, kvs.get(name)!, config.buckets[name]!.bucket, read(name), log, { progress });
+        const view = await openView(nc, config.buckets[name]!.bucket, read(name), log, { progress });
         views.set(name, view);
         await view.loaded;
       }),
       (async () => {
-        recordsView = await openView(nc, kvs.get(RECORDS)!, recordsBucket(config.seat), recordsRead, log, { progress });
+        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, { progress });
         await recordsView.loaded;
       })(),
     ]);

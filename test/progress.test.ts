@@ -46,7 +46,7 @@ async function loadWith(stream: ProgressStream): Promise<LogLine[]> {
   const log = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as LogLine) });
   const kv = await seat.jetstream().views.kv(BUCKET, { bindOnly: true });
   const progress = loadProgress(log, { stream, showAfterMs: 0, logEveryMs: 20, drawEveryMs: 20 });
-  const view = await openView(seat, kv, BUCKET, readBucket(kv, BUCKET), log, { progress });
+  const view = await openView(seat, BUCKET, readBucket(kv, BUCKET), log, { progress });
   try {
     await view.loaded;
   } finally {

@@ -28,7 +28,7 @@ beforeAll(async () => {
   server = readBucket(kv, BUCKET);
   writer = writeBucket(kv, seat.jetstream(), BUCKET);
   await writer.put("before.the.view", "1");
-  view = await openView(seat, kv, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+  view = await openView(seat, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
   await view.loaded;
 });
 afterAll(async () => {
@@ -88,7 +88,7 @@ describe("a live view", () => {
   });
 
   it("reads from the server once stopped", async () => {
-    const stopped = await openView(seat, kv, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
+    const stopped = await openView(seat, BUCKET, server, createLogger({ LOG_LEVEL: "silent" }));
     await stopped.loaded;
     stopped.stop();
     await new Promise((r) => setTimeout(r, 50));
@@ -119,7 +119,7 @@ describe("a live view and what the key-value layer does not say", () => {
     const purged = await seat.jetstream().views.kv(name, { history: 1, allow_direct: true });
     const reader = readBucket(purged, name);
     for (const key of ["p.a", "p.b", "q.c"]) await purged.put(key, "1");
-    const watched = await openView(seat, purged, name, reader, silent, { resyncMs: 200 });
+    const watched = await openView(seat, name, reader, silent, { resyncMs: 200 });
     await watched.loaded;
     try {
       expect((await watched.list(">")).map((e) => e.key)).toEqual(["p.a", "p.b", "q.c"]);
@@ -139,7 +139,7 @@ describe("a live view and what the key-value layer does not say", () => {
     const jsm = await seat.jetstreamManager();
     await bucket.put("a", "1");
     await bucket.put("b", "2");
-    const watched = await openView(seat, bucket, name, readBucket(bucket, name), silent, { resyncMs: 100 });
+    const watched = await openView(seat, name, readBucket(bucket, name), silent, { resyncMs: 100 });
     await watched.loaded;
     try {
       await jsm.streams.purge(`KV_${name}`, { filter: `$KV.${name}.b` });
@@ -157,7 +157,7 @@ describe("a live view and what the key-value layer does not say", () => {
     const plain = await seat.jetstream().views.kv(name, { history: 1, allow_direct: false });
     const warnings: string[] = [];
     const log = pino({ level: "warn" }, { write: (line: string) => void warnings.push(line) });
-    const watched = await openView(seat, plain, name, readBucket(plain, name), log);
+    const watched = await openView(seat, name, readBucket(plain, name), log);
     await watched.loaded;
     try {
       for (let i = 0; i < 20; i++) {

@@ -63,7 +63,7 @@ export function changedAfter(generation: Generation, sequence: number): string[]
 
 /**
  * Starts a generation: a watch of every key of the bucket behind `kv` (`$KV.<bucket>.>`, last
- * values then updates) applied to a new store. `applied` is called after each record is
+ * values then updates, its creation waited for `waits`, see {@link watchOf}) applied to a new store. `applied` is called after each record is
  * applied; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
  * Throws `cannot watch bucket <bucket>: …` when the watch cannot be created.
  */
@@ -72,12 +72,13 @@ export async function startGeneration(
   bucket: string,
   log: Logger,
   on: { applied: (generation: Generation) => void; ended: (generation: Generation) => void },
+  waits?: readonly number[],
 ): Promise<Generation> {
   let loadedFn!: () => void;
   const loaded = new Promise<void>((resolve) => (loadedFn = resolve));
   let watch: QueuedIterator<KvEntry>;
   try {
-    watch = await watchOf(kv, { key: ">", initializedFn: () => loadedFn() });
+    watch = await watchOf(kv, { key: ">", initializedFn: () => loadedFn() }, waits);
   } catch (err) {
     throw new Error(`cannot watch bucket ${bucket}: ${(err as Error).message}`, { cause: err });
   }

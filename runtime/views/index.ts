@@ -5,9 +5,9 @@
  * (freshness.ts: whether the store is current) and resync (resync.ts: loading the bucket again when it is not).
  */
 import { randomUUID } from "node:crypto";
-import type { KV, NatsConnection } from "nats";
+import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
-import { checkedKey } from "../buckets.ts";
+import { checkedKey, watchWaits } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
 import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
@@ -33,7 +33,7 @@ export interface LiveView extends ViewBucket {
 }
 
 /**
- * Opens a live view of the bucket behind `kv` (stream `KV_<bucket>`): one long-lived watch of
+ * Opens a live view of `bucket` (stream `KV_<bucket>`) on `nc`: one long-lived watch of
  * every key (`$KV.<bucket>.>`, last values then updates) kept compactly by key (store.ts), delete
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
  * makes sure the view holds every write acknowledged before it was asked (docs/verb.md §4), as
@@ -50,7 +50,6 @@ export interface LiveView extends ViewBucket {
  */
 export async function openView(
   nc: NatsConnection,
-  kv: KV,
   bucket: string,
   server: ReadBucket,
   log: Logger,
@@ -58,6 +57,10 @@ export async function openView(
 ): Promise<LiveView> {
   const jsm = await nc.jetstreamManager();
   const { config: streamConfig, created, state } = await jsm.streams.info(`KV_${bucket}`);
+  // A large stream takes the server seconds to make the watch's consumer: waited for longer,
+  // on a handle whose JetStream timeout does not cut the wait short.
+  const waits = watchWaits(state.messages);
+  const watchKv = await nc.jetstream({ timeout: Math.max(...waits) }).views.kv(bucket, { bindOnly: true });
   const nothingAfter = nothingAfterProbe(nc, bucket, streamConfig);
   let stopped = false;
   let current: Generation | undefined;
@@ -72,18 +75,24 @@ export async function openView(
   });
 
   const start = () =>
-    startGeneration(kv, bucket, log, {
-      applied: (generation) => {
-        if (generation === current) fresh.reached(generation.applied);
+    startGeneration(
+      watchKv,
+      bucket,
+      log,
+      {
+        applied: (generation) => {
+          if (generation === current) fresh.reached(generation.applied);
+        },
+        // A watch that ends by itself (its consumer could not be made again: the stream gone, a
+        // server back with an empty store) is replaced by a new load, the server read meanwhile.
+        ended: (generation) => {
+          if (current !== generation || stopped) return;
+          fresh.release();
+          resync.now("the view's watch ended", false);
+        },
       },
-      // A watch that ends by itself (its consumer could not be made again: the stream gone, a
-      // server back with an empty store) is replaced by a new load, the server read meanwhile.
-      ended: (generation) => {
-        if (current !== generation || stopped) return;
-        fresh.release();
-        resync.now("the view's watch ended", false);
-      },
-    });
+      waits,
+    );
   current = await start();
   const first = current;
   if (progress !== undefined) {

@@ -38,7 +38,7 @@ try {
 
   const before = memory();
   const t = performance.now();
-  const view = await openView(nc, kv, BUCKET, readBucket(kv, BUCKET), pino({ level: "silent" }));
+  const view = await openView(nc, BUCKET, readBucket(kv, BUCKET), pino({ level: "silent" }));
   await view.loaded;
   const loadMs = performance.now() - t;
   const after = memory();
