@@ -11,16 +11,8 @@ const decoder = new TextDecoder("utf-8", { fatal: true });
 export const MAX_ERROR = 1024;
 
 export type AppliedFields = { error?: string; revisions?: Record<string, string>; bad: string[] };
-// One reading per stored entry, as for needs.
-const appliedValues = new WeakMap<Entry, AppliedFields>();
-export const appliedOf = (entry: Entry): AppliedFields => {
-  let read = appliedValues.get(entry);
-  if (read === undefined) appliedValues.set(entry, (read = readApplied(entry)));
-  return read;
-};
-
 /** The fields of an applied record this project reads (docs/state.md §7.2); a field of the wrong type is read as absent and said. */
-function readApplied(entry: Entry): AppliedFields {
+export function appliedOf(entry: Entry): AppliedFields {
   let value: unknown;
   try {
     value = JSON.parse(decoder.decode(entry.value));

@@ -289,26 +289,32 @@ export function itemOf(what: What, entry: Entry): Item {
 export const HEADROOM = 1024;
 
 /**
- * The items of small answers made last, with their bytes, by the entry they came from: a live
- * view hands out the same entry until its key changes, so a narrowing asked again and again (a
- * node's own needs) is not made again. Pages longer than {@link REMEMBERED} walk a bucket and
- * are not remembered; the cache is bounded in items and bytes, and keeps no large item.
+ * The items of small answers made last, with their bytes, by what and key, each for the
+ * revision it was made from: a narrowing asked again and again (a node's own needs) is not made
+ * again until its keys change. Pages longer than {@link REMEMBERED} walk a bucket and are not
+ * remembered; the cache is bounded in items and bytes, and keeps no large item. The revision and
+ * write time together tell the value: a bucket made again starts its revisions again.
  */
-const made = new LRUCache<Entry, { item: Item; size: number }>({
+const made = new LRUCache<string, { revision: number; nanos: number; item: Item; size: number }>({
   max: 10_000,
-  // Bytes: the item's text and the stored value its entry holds on to.
   maxSize: 16 * 1024 * 1024,
   maxEntrySize: 64 * 1024,
-  sizeCalculation: (made, entry) => made.size + entry.value.length,
+  sizeCalculation: (made) => made.size,
 });
 const REMEMBERED = 100;
 
 function madeItem(what: What, entry: Entry, remember: boolean): { item: Item; size: number } {
-  let found = remember ? made.get(entry) : undefined;
-  if (found === undefined) {
+  const key = remember ? `${what} ${entry.key}` : "";
+  let found = remember ? made.get(key) : undefined;
+  if (found === undefined || found.revision !== entry.revision || found.nanos !== entry.createdNanos) {
     const item = itemOf(what, entry);
-    found = { item, size: Buffer.byteLength("entry" in item ? item.entry : item.outOfShape) + 1 };
-    if (remember) made.set(entry, found);
+    found = {
+      revision: entry.revision,
+      nanos: entry.createdNanos,
+      item,
+      size: Buffer.byteLength("entry" in item ? item.entry : item.outOfShape) + 1,
+    };
+    if (remember) made.set(key, found);
   }
   return found;
 }

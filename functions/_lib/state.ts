@@ -125,15 +125,9 @@ const NAMED = 10;
 /** What a need's value says of its provider: its module name, or why it is out of shape. */
 type NeedValue = { readonly provider?: string; readonly bad?: string };
 const NONE: NeedValue = Object.freeze({});
-// One reading per stored record that names a provider or is out of shape (a live view hands out
-// the same record until its key changes); the others, most needs, are read again when gathered,
-// so the model keeps nothing per need.
-const needValues = new WeakMap<Entry, NeedValue>();
-
+// Read each time a module is gathered: the model keeps nothing per need.
 function needValueOf(entry: Entry): NeedValue {
-  let read = needValues.get(entry);
-  if (read !== undefined) return read;
-  read = NONE;
+  let read = NONE;
   try {
     const value: unknown = JSON.parse(decoder.decode(entry.value));
     if (typeof value === "object" && value !== null && "provider" in value) {
@@ -146,7 +140,6 @@ function needValueOf(entry: Entry): NeedValue {
   } catch (err) {
     read = { bad: `value is not JSON: ${(err as Error).message}` };
   }
-  if (read !== NONE) needValues.set(entry, read);
   return read;
 }
 
@@ -157,20 +150,14 @@ interface Gathered {
   outOfShape: { key: string; reason: string; at: Date }[];
 }
 
-// Whether an assignment's value is JSON, once per stored record.
-const assignmentValues = new WeakMap<KeyRecord, string | null>();
+/** Why an assignment's value is not JSON; null when it is. */
 function assignmentProblem(record: KeyRecord): string | null {
-  let problem = assignmentValues.get(record);
-  if (problem === undefined) {
-    try {
-      JSON.parse(decoder.decode(record.value));
-      problem = null;
-    } catch (err) {
-      problem = `assignment value is not JSON: ${(err as Error).message}`;
-    }
-    assignmentValues.set(record, problem);
+  try {
+    JSON.parse(decoder.decode(record.value));
+    return null;
+  } catch (err) {
+    return `assignment value is not JSON: ${(err as Error).message}`;
   }
-  return problem;
 }
 
 const iso = (d: Date) => d.toISOString();
