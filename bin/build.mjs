@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `npm run build` (run by `prestart`): the command line, the runtime, the shipped function files
 // and the config bundled by esbuild into dist/, so that a start needs no tsx (docs/scale.md §11.2).
-import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import { BUILD_FILE, DIST, currentBuild, hashOf } from "./dist.mjs";
 
@@ -85,8 +85,11 @@ export async function buildDist() {
   // A copy in the build's own folder: what a process running this build reads, whichever build is current later.
   writeFileSync(join(making, BUILD_FILE), `${JSON.stringify(record, null, 2)}\n`);
   const target = join(dist, id);
-  if (existsSync(target)) rmSync(making, { recursive: true, force: true });
-  else renameSync(making, target);
+  try {
+    renameSync(making, target);
+  } catch {
+    rmSync(making, { recursive: true, force: true }); // the same build, made meanwhile by another start
+  }
   const file = join(dist, `${BUILD_FILE}.${process.pid}`);
   writeFileSync(file, `${JSON.stringify(record, null, 2)}\n`);
   renameSync(file, join(dist, BUILD_FILE));
