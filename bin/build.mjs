@@ -69,9 +69,9 @@ export async function buildDist() {
     metafile: true,
     logLevel: "warning",
   });
+  // This file among the inputs: a build of other options is another build.
   const inputs = Object.fromEntries(
-    Object.keys(result.metafile.inputs)
-      .filter((file) => !file.startsWith("node_modules/"))
+    [...Object.keys(result.metafile.inputs).filter((file) => !file.startsWith("node_modules/")), "bin/build.mjs"]
       .sort()
       .map((file) => [file, hashOf(join(ROOT, file))]),
   );
