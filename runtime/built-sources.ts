@@ -7,11 +7,7 @@
 import { realpathSync } from "node:fs";
 import type { InitializeHook, ResolveHook } from "node:module";
 import { fileURLToPath, pathToFileURL } from "node:url";
-
-/** `{ built: { <source file URL>: <built module URL> } }`, sources by their real path. */
-export interface BuiltSources {
-  readonly built: Readonly<Record<string, string>>;
-}
+import type { BuiltSources } from "./modules.ts";
 
 let built: Readonly<Record<string, string>> = {};
 

@@ -8,7 +8,11 @@ import { existsSync, readFileSync, realpathSync } from "node:fs";
 import { register } from "node:module";
 import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import type { BuiltSources } from "./built-sources.ts";
+
+/** The data of the hooks of runtime/built-sources.ts: `{ <source file URL>: <built module URL> }`, sources by their real path. */
+export interface BuiltSources {
+  readonly built: Readonly<Record<string, string>>;
+}
 
 /** What bin/build.mjs records of a build: the sources it was built from, and each entry's module (relative to `dist/`). */
 interface BuildRecord {

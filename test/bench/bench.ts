@@ -7,7 +7,7 @@
  * Processes: this one (the server's owner, the data writer, every client), the function set
  * (`mesh-provisioner start`, as it runs in production) and the `echo` responder, each its own.
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir, totalmem } from "node:os";
 import { join, resolve } from "node:path";
@@ -150,6 +150,8 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 async function main() {
+  // The set runs from its build, as `npm start` runs it (docs/scale.md §11.2.1).
+  execFileSync(process.execPath, [join(ROOT, "bin", "build.mjs")], { cwd: ROOT, stdio: "inherit" });
   line(`mesh-provisioner bench: ${cpus().length} × ${cpus()[0]?.model}, ${Math.round(totalmem() / 2 ** 30)} GiB, node ${process.version}`);
   const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
   // The bench's own client writes every node's keys and answers echo: any subject.
