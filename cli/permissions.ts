@@ -4,8 +4,8 @@
  * needs besides: the listen address, the store folder, bcrypt hashes.
  */
 import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { resolve } from "node:path";
-import bcrypt from "bcryptjs";
 import type { NatsConnection } from "nats";
 import { z } from "zod";
 import { decodeKey } from "../functions/_lib/keys.ts";
@@ -161,5 +161,9 @@ export const storeDirOf = (text: string): string => {
   return resolve(text);
 };
 
-/** A password's bcrypt hash at {@link BCRYPT_COST} (`$2b$10$…`), as nats-server checks it. */
-export const bcryptHash = (password: string): string => bcrypt.hashSync(password, BCRYPT_COST);
+/**
+ * A password's bcrypt hash at {@link BCRYPT_COST} (`$2b$10$…`), as nats-server checks it.
+ * bcryptjs is loaded at the first hash, so the commands that print none never load it.
+ */
+export const bcryptHash = (password: string): string =>
+  (createRequire(import.meta.url)("bcryptjs") as typeof import("bcryptjs")).hashSync(password, BCRYPT_COST);

@@ -5,9 +5,9 @@
  */
 import { existsSync } from "node:fs";
 import { dirname, relative, resolve } from "node:path";
-import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import { formatIssues } from "./errors.ts";
+import { importModule } from "./modules.ts";
 
 /** The name of the config file the CLI looks for in the working folder. */
 export const CONFIG_FILE = "wrangler-free.config.ts";
@@ -259,7 +259,7 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
 }
 
 /**
- * Imports the config file (default `./wrangler-free.config.ts`) and resolves it with
+ * Imports the config file (default `./wrangler-free.config.ts`; built or through tsx, runtime/modules.ts) and resolves it with
  * {@link resolveConfig}. Throws {@link ConfigError} when the file is missing or invalid.
  */
 export async function loadConfig(file: string = resolve(CONFIG_FILE), env: NodeJS.ProcessEnv = process.env): Promise<Config> {
@@ -267,7 +267,7 @@ export async function loadConfig(file: string = resolve(CONFIG_FILE), env: NodeJ
   if (!existsSync(path)) throw new ConfigError(`${file}: no such config file`);
   let module: { default?: unknown };
   try {
-    module = (await import(pathToFileURL(path).href)) as { default?: unknown };
+    module = (await importModule(path)) as { default?: unknown };
   } catch (err) {
     throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`, { cause: err });
   }

@@ -5,12 +5,12 @@
  */
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { basename, join, relative } from "node:path";
-import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import { configPath, configSchema, type Config } from "./config.ts";
 import { definitionSchema, type FunctionDefinition, type LoadedFunction } from "./define.ts";
 import { formatIssues } from "./errors.ts";
 import { isRuntimeMetric } from "./metrics.ts";
+import { importModule } from "./modules.ts";
 import { kindOf } from "./triggers/index.ts";
 import type { Problem } from "./triggers/kind.ts";
 
@@ -43,7 +43,7 @@ export function scanFunctions(dir: string): string[] {
     .map((f) => join(dir, f));
 }
 
-/** Imports one function file and checks its default export. Throws {@link LoadError}. */
+/** Imports one function file (runtime/modules.ts: built or through tsx) and checks its default export. Throws {@link LoadError}. */
 export async function loadFunction(file: string): Promise<LoadedFunction> {
   const name = basename(file, ".ts");
   if (!NAME.test(name)) {
@@ -51,7 +51,7 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   }
   let module: { default?: unknown };
   try {
-    module = (await import(pathToFileURL(file).href)) as { default?: unknown };
+    module = (await importModule(file)) as { default?: unknown };
   } catch (err) {
     throw new LoadError([`${shown(file)}: cannot be loaded: ${(err as Error).message}`], { cause: err });
   }

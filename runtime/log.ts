@@ -2,7 +2,13 @@
  * The process's logger (pino): JSON lines, readable lines on a terminal, the level from
  * `LOG_LEVEL`, and every field named like a credential written `***` at any depth. A leaf.
  */
+import { createRequire } from "node:module";
 import { pino, type Logger, type LoggerOptions } from "pino";
+import type { PrettyStream } from "pino-pretty";
+
+/** pino-pretty, loaded only for a terminal: a stream of this thread, not a transport's worker thread (docs/scale.md §11.2). */
+const prettyStream = (options: { translateTime: string; destination: number; sync: boolean }): PrettyStream =>
+  (createRequire(import.meta.url)("pino-pretty") as typeof import("pino-pretty")).build(options);
 
 /** Field names whose values are credentials, in any case: written `***` at any depth. */
 const SECRET_FIELD = /^(pass|passwd|password|token|auth_token|creds|credentials|seed|nkey|authorization|secret)$/i;
@@ -49,7 +55,7 @@ export function createLogger(env: NodeJS.ProcessEnv = process.env, { to = "stdou
   if (!LEVELS.includes(level)) throw new Error(`LOG_LEVEL: ${JSON.stringify(level)} is not a level (${LEVELS.join(", ")})`);
   const fd = to === "stdout" ? 1 : 2;
   if ((to === "stdout" ? process.stdout : process.stderr).isTTY) {
-    return pino({ ...OPTIONS, level, transport: { target: "pino-pretty", options: { translateTime: "SYS:HH:MM:ss", destination: fd } } });
+    return pino({ ...OPTIONS, level }, prettyStream({ translateTime: "SYS:HH:MM:ss", destination: fd, sync: true }));
   }
   return pino({ ...OPTIONS, level }, pino.destination({ fd, sync: true }));
 }

@@ -3,7 +3,7 @@
  * `bench` user that may use any subject, the function set and the echo responder as processes of
  * their own, the bench data's keys, and the timing helpers. See test/bench/README.md.
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -160,8 +160,9 @@ export interface BenchBus {
   stop(): Promise<void>;
 }
 
-/** Starts the bench's embedded nats-server and connects to it as `bench`. */
+/** Builds the set (it runs from its build, as `npm start` runs it: docs/scale.md §11.2.1), starts the bench's embedded nats-server and connects to it as `bench`. */
 export async function openBench(): Promise<BenchBus> {
+  execFileSync(process.execPath, [join(ROOT, "bin", "build.mjs")], { cwd: ROOT, stdio: "inherit" });
   const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
   const functions = await loadFunctions(config);
   const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
