@@ -230,12 +230,14 @@ const NOT_A_CURSOR = "cursor: not a cursor of this verb; pass the `next` of the 
 
 /** A request's cursors; throws a 400 for a cursor not issued for it. */
 export function cursorsOf(request: ProvisioningRequest): Cursors {
-  const of = fingerprint(request);
-  // The cursor's JSON less its key's: the same for every key.
-  const frame = Buffer.byteLength(cursorJson("", of)) - Buffer.byteLength(JSON.stringify(""));
+  // Made at the first cursor read or made: most narrowed answers have none.
+  let of: string | undefined;
+  const ofRequest = () => (of ??= fingerprint(request));
+  // The cursor's JSON less its key's: the same for every key (a fingerprint is FINGERPRINT characters).
+  const frame = Buffer.byteLength(cursorJson("", "x".repeat(FINGERPRINT))) - Buffer.byteLength(JSON.stringify(""));
   return {
-    after: request.cursor === undefined ? undefined : cursorKey(request.cursor, of),
-    next: (key) => cursorOf(key, of),
+    after: request.cursor === undefined ? undefined : cursorKey(request.cursor, ofRequest()),
+    next: (key) => cursorOf(key, ofRequest()),
     length: (key) => base64urlLength(frame + Buffer.byteLength(JSON.stringify(key))),
   };
 }
