@@ -15,7 +15,9 @@ const answerPage = (...args: Parameters<typeof pageText>): Answer & { bytes: num
 };
 import { formatIssues, ServiceError, type Entry } from "../runtime/index.ts";
 
-const entry = (key: string, value: string, revision = 1): Entry => ({
+// As a bucket gives them: each write its own revision (the verb knows an entry by key and revision).
+let written = 0;
+const entry = (key: string, value: string, revision = ++written): Entry => ({
   key,
   value: new TextEncoder().encode(value),
   revision,
