@@ -7,31 +7,26 @@
  * Processes: this one (the server's owner, the data writer, every client), the function set
  * (`mesh-provisioner start`, as it runs in production) and the `echo` responder, each its own.
  */
-import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir, totalmem } from "node:os";
 import { join, resolve } from "node:path";
-import { createServer } from "node:net";
-import { createInterface } from "node:readline";
-import { AckPolicy, connect, DeliverPolicy, type JsMsg, type KV, type NatsConnection } from "nats";
+import { connect, type KV, type NatsConnection } from "nats";
 import { Bench } from "tinybench";
 import { CONFIG_FILE, invoke, loadConfig, loadFunctions, openRunner } from "../../runtime/index.ts";
 import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
 import { createLogger } from "../../runtime/log.ts";
 import { authorization } from "../../runtime/permissions.ts";
-import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
-import { targetsOf } from "../../runtime/triggers/kind.ts";
 import { collectKey, needKey } from "../../client/index.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 import { STATUS } from "../../functions/_lib/status.ts";
 import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
+import { followerFigures } from "./follower.ts";
+import { child, children, freePort, ROOT, stopChild } from "./processes.ts";
 
-const ROOT = resolve(import.meta.dirname, "../..");
 const RESULTS = join(import.meta.dirname, "results.json");
 const NODES = 1000;
 const MODULES = 10;
 const PER_MODULE = 10;
-const EVENTS = 10_000;
 const CONCURRENT = 32;
 const CONCURRENT_MS = 5000;
 const LATENCY_MS = 2000;
@@ -39,12 +34,7 @@ const LATENCY_MS = 2000;
 const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
 const functions = await loadFunctions(config);
 const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
-const children: ChildProcess[] = [];
 let server: EmbeddedServer | undefined;
-
-process.on("exit", () => {
-  for (const child of children) child.kill("SIGKILL");
-});
 
 const line = (text: string) => process.stdout.write(`${text}\n`);
 /** How long the set is left idle before each RSS figure of the state, in milliseconds. */
@@ -53,38 +43,6 @@ const IDLE_MS = 10_000;
 const FILL_SAY_MS = 3000;
 const ms = (n: number) => `${n < 10 ? n.toFixed(3) : n.toFixed(1)} ms`;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-
-/** A TCP port free now on the loopback. */
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const probe = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-    probe.once("error", reject);
-  });
-
-/** Spawns a process of this project and resolves once a line of its stdout or stderr matches `ready`. */
-async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ process: ChildProcess; line: string }> {
-  const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-  children.push(proc);
-  proc.stderr!.pipe(process.stderr);
-  return new Promise((resolvePromise, reject) => {
-    for (const input of [proc.stdout!, proc.stderr!]) {
-      createInterface({ input }).on("line", (text) => {
-        if (ready.test(text)) resolvePromise({ process: proc, line: text });
-      });
-    }
-    proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
-  });
-}
-
-async function stopChild(proc: ChildProcess): Promise<void> {
-  if (proc.exitCode !== null) return;
-  const exited = new Promise((r) => proc.once("exit", r));
-  proc.kill("SIGTERM");
-  await exited;
-}
 
 /** Kibibytes of resident memory of a process, from /proc. */
 const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) * 1024;
@@ -461,82 +419,8 @@ async function main() {
 
   // 8. 10,000 failing/recovered events through the follower, against a bare durable-consumer ack loop.
   await stopChild(set.process);
-  const stream = config.streams.events!.stream;
-  const providers = config.embedded.providers;
-  const base = Date.now() - 3_600_000;
-  const acks: Promise<unknown>[] = [];
-  for (let e = 0; e < EVENTS / 1000; e++) {
-    for (let t = 0; t < 1000; t++) {
-      const kind = e % 2 === 0 ? "failing" : "recovered";
-      const event = {
-        machine: `n${t}`,
-        consumer: `c${t % 7}`,
-        at: new Date(base + e * 1000 + t).toISOString(),
-        ...(kind === "failing" ? { word: `down ${e}` } : {}),
-      };
-      acks.push(js.publish(`${providers[t % providers.length]}.provisioner.${kind}`, encoder.encode(JSON.stringify(event))));
-    }
-    await Promise.all(acks.splice(0));
-  }
-  // The one durable consumer of the events stream, which every follower function reads.
-  const durable = durablesOf(targetsOf(functions, event), config).find((d) => d.stream === stream)!.durable;
-  const delivered = () => jsm.consumers.info(stream, durable);
-  const before = (await delivered()).delivered.stream_seq;
-  set = await startSet();
-  let first = 0;
-  let last = 0;
-  for (;;) {
-    const info = await delivered();
-    const now = performance.now();
-    const moved = info.delivered.stream_seq > before;
-    const done = info.num_pending === 0 && info.num_ack_pending === 0;
-    if (moved && first === 0) first = now;
-    if (done && first !== 0) {
-      last = now;
-      break;
-    }
-    await new Promise((r) => setTimeout(r, 5));
-  }
-  const followerRate = EVENTS / ((last - first) / 1000);
-  await stopChild(set.process);
-
-  /**
-   * A bare loop over every message of the events stream, on a new durable consumer (explicit
-   * acks, 64 pulled at once, up to 64 in hand): `work` for each, then the ack.
-   */
-  const consumerLoop = async (durable: string, work: (m: JsMsg) => Promise<unknown> | void) => {
-    await jsm.consumers.add(stream, {
-      durable_name: durable,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      max_ack_pending: 1000,
-    });
-    const total = (await jsm.streams.info(stream)).state.messages;
-    const messages = await (await js.consumers.get(stream, durable)).consume({ max_messages: 64 });
-    const running = new Set<Promise<void>>();
-    let taken = 0;
-    let began = 0;
-    for await (const m of messages) {
-      if (taken === 0) began = performance.now();
-      const done: Promise<void> = Promise.resolve(work(m))
-        .then(() => m.ack())
-        .finally(() => running.delete(done));
-      running.add(done);
-      if (running.size >= 64) await Promise.race(running);
-      if (++taken === total) break;
-    }
-    await Promise.all(running);
-    await nc.flush();
-    messages.stop();
-    return total / ((performance.now() - began) / 1000);
-  };
-  const loopRate = await consumerLoop("bench-ack-loop", () => {});
-  // The least a follower storing each event does: parse it, put one key, then ack.
-  const store = await kv("failing");
-  const storeRate = await consumerLoop("bench-store-loop", (m) => {
-    const event = m.json<{ machine: string; consumer: string }>();
-    return store.put(`bench.${event.machine}.${event.consumer}`, m.data);
-  });
+  const follower = await followerFigures(nc, config, functions, async () => (await startSet()).process);
+  const { followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate, storeLoopEventsPerSecond: storeRate } = follower;
 
   await stopChild(echo.process);
   await nc.close();
@@ -566,12 +450,7 @@ async function main() {
     unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
     concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps, echoRuns, verbRuns },
     registryCompile: compiles["registry compile"],
-    follower: {
-      events: EVENTS,
-      followerEventsPerSecond: followerRate,
-      ackLoopEventsPerSecond: loopRate,
-      storeLoopEventsPerSecond: storeRate,
-    },
+    follower,
     rssBytes: rss,
     page: { demo: pageDemo, nodes1k: page1k, ownBytes: OWN_BYTES },
     rotation: { holders, heldBy: NODES, toLastNoticeMs: toLastNotice, toReleaseMs: toRelease },
@@ -646,7 +525,7 @@ async function main() {
     ],
     ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
     [
-      `${EVENTS.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
+      `${follower.events.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
       `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`,
     ],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
