@@ -62,6 +62,23 @@ const BATCH = 64;
 export const UNMATCHED_DELIVERIES = 60;
 export const UNMATCHED_DELAY_MS = 1000;
 
+/**
+ * A promise shared by every caller within one turn of the event loop, resolved once that turn's
+ * I/O is handled (`setImmediate`). What waits for it runs in one round of microtasks, so the
+ * protocol lines it sends (acknowledgements, the handlers' requests) leave in one socket write
+ * rather than one each: nats.js writes its outbound buffer at the end of the round that filled it.
+ */
+export function turns(): () => Promise<void> {
+  let next: Promise<void> | undefined;
+  return () =>
+    (next ??= new Promise<void>((resolve) =>
+      setImmediate(() => {
+        next = undefined;
+        resolve();
+      }),
+    ));
+}
+
 /** The wait before a failed message is delivered again: 0.5 s doubling per delivery, at most 30 s. */
 export function backoff(deliveries: number): number {
   return Math.min(500 * 2 ** Math.max(0, deliveries - 1), 30_000);
@@ -329,15 +346,21 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       let acked = (await jsm.consumers.info(stream, durable)).ack_floor.stream_seq;
       /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
       const succeeded = new Map<number, Set<string>>();
+      // The messages of one pull start together and are acknowledged together (see turns).
+      const started = turns();
+      const decided = turns();
+      const ack = (m: JsMsg) =>
+        void decided().then(() => {
+          m.ack();
+          pending.delete(m.seq);
+          acked = Math.max(acked, m.seq);
+        });
       const one = async (m: JsMsg) => {
         const matched = takers.filter((t) => subjectMatches(t.trigger.event, m.subject));
         if (matched.length === 0) {
           if (m.info.redeliveryCount < UNMATCHED_DELIVERIES) return m.nak(UNMATCHED_DELAY_MS);
           log.warn({ stream, durable, subject: m.subject, sequence: m.seq }, "message matched by no trigger; acknowledged");
-          m.ack();
-          pending.delete(m.seq);
-          acked = Math.max(acked, m.seq);
-          return;
+          return ack(m);
         }
         const info = {
           kind: "event",
@@ -361,9 +384,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           return m.nak(backoff(m.info.redeliveryCount));
         }
         succeeded.delete(m.seq);
-        m.ack();
-        pending.delete(m.seq);
-        acked = Math.max(acked, m.seq);
+        ack(m);
       };
       /** Consumes until stopped or until the durable is gone; says which. */
       const consumeOnce = async (): Promise<"stopped" | "gone"> => {
@@ -393,7 +414,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
             continue;
           }
           pending.add(m.seq);
-          const handled: Promise<void> = one(m)
+          const handled: Promise<void> = started()
+            .then(() => one(m))
             .catch((err: unknown) => log.error({ stream, durable, err }, "event not handled"))
             .finally(() => running.delete(handled));
           running.add(handled);
