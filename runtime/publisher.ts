@@ -48,9 +48,10 @@ export function publisherOf(nc: NatsConnection): Publish {
   nc.subscribe(`${prefix}*`, {
     callback: (err, msg) => {
       if (err !== null) return;
-      const w = waiting.get(msg.subject.slice(prefix.length));
+      const token = msg.subject.slice(prefix.length);
+      const w = waiting.get(token);
       if (w === undefined) return;
-      waiting.delete(msg.subject.slice(prefix.length));
+      waiting.delete(token);
       if (msg.data.length === 0 && msg.headers?.code === 503) return w.reject(NatsError.errorForCode(ErrorCode.NoResponders));
       let answer: { seq?: unknown; error?: { code: number; err_code?: number; description?: string } };
       try {
