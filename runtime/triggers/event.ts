@@ -73,7 +73,7 @@ export const UNMATCHED_DELAY_MS = 1000;
  * protocol lines it sends (acknowledgements, the handlers' requests) leave in one socket write
  * rather than one each: nats.js writes its outbound buffer at the end of the round that filled it.
  */
-export function turns(): () => Promise<void> {
+function turns(): () => Promise<void> {
   let next: Promise<void> | undefined;
   return () =>
     (next ??= new Promise<void>((resolve) =>
@@ -355,11 +355,14 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       const started = turns();
       const decided = turns();
       const ack = (m: JsMsg) =>
-        void decided().then(() => {
-          m.ack();
-          pending.delete(m.seq);
-          acked = Math.max(acked, m.seq);
-        });
+        void decided()
+          .then(() => {
+            m.ack();
+            pending.delete(m.seq);
+            acked = Math.max(acked, m.seq);
+          })
+          // A connection closed meanwhile: the message comes again after the ack wait.
+          .catch((err: unknown) => log.warn({ stream, durable, sequence: m.seq, err }, "message not acknowledged"));
       /** The takers of each subject seen lately (a provider's few subjects come again and again). */
       const matches = new Map<string, typeof takers>();
       const takersOf = (subject: string) => {
@@ -444,6 +447,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           if (running.size >= BATCH) await Promise.race(running);
         }
         await Promise.all(running);
+        // The acknowledgements of the last messages leave before the binding says it stopped.
+        await decided();
         live.delete(messages);
         return gone && !stopping ? "gone" : "stopped";
       };
