@@ -5,6 +5,7 @@
  */
 import { headers, type JetStreamClient, type NatsConnection, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
 import { RevisionConflict } from "./errors.ts";
+import { publisherOf } from "./publisher.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, WriteBucket } from "./types.ts";
 
 const WRONG_LAST_SEQUENCE = 10071;
@@ -245,8 +246,19 @@ export function readBucket(kv: KV, bucket: string, nc?: NatsConnection): ReadBuc
   });
 }
 
-/** A write handle: the reads of {@link readBucket} plus compare-and-set writes. */
+/** A key as nats.js's KV takes it: tokens of `A-Z a-z 0-9 - _ / =` between dots. Throws `invalid key: <key>` otherwise. */
+function validKey(key: string): string {
+  if (key.startsWith(".") || key.endsWith(".") || !/^[-/=.\w]+$/.test(key)) throw new Error(`invalid key: ${key}`);
+  return key;
+}
+
+/**
+ * A write handle: the reads of {@link readBucket} plus compare-and-set writes. With `nc` (the
+ * connection `kv` was opened on), `update` and `delete` are published through the connection's
+ * {@link publisherOf}, their acknowledgements awaited on one subscription rather than a request each.
+ */
 export function writeBucket(kv: KV, js: JetStreamClient, bucket: string, nc?: NatsConnection): WriteBucket {
+  const publish = nc === undefined ? undefined : publisherOf(nc);
   const conflictOr = async <T>(key: string, write: () => Promise<T>): Promise<T> => {
     checkedKey(bucket, key);
     try {
@@ -261,16 +273,25 @@ export function writeBucket(kv: KV, js: JetStreamClient, bucket: string, nc?: Na
     ...readBucket(kv, bucket, nc),
     create: (key: string, value: Uint8Array | string) => conflictOr(key, () => kv.create(key, value)),
     update: (key: string, value: Uint8Array | string, revision: number) =>
-      conflictOr(key, () => kv.put(key, value, { previousSeq: revision })),
+      conflictOr(key, async () => {
+        if (publish === undefined) return kv.put(key, value, { previousSeq: revision });
+        const h = headers();
+        h.set("Nats-Expected-Last-Subject-Sequence", `${revision}`);
+        return publish(`$KV.${bucket}.${validKey(key)}`, value, h);
+      }),
     put: (key: string, value: Uint8Array | string) => kv.put(checkedKey(bucket, key), value),
     // A KV delete is a message with `KV-Operation: DEL` (ADR-8); written here so it can carry a value.
     delete: (key: string, options: { revision?: number; value?: Uint8Array | string } = {}) =>
       conflictOr(key, async () => {
         const h = headers();
         h.set("KV-Operation", "DEL");
+        const value = options.value ?? new Uint8Array();
+        if (publish !== undefined) {
+          if (options.revision !== undefined) h.set("Nats-Expected-Last-Subject-Sequence", `${options.revision}`);
+          return publish(`$KV.${bucket}.${key}`, value, h);
+        }
         const expect = options.revision === undefined ? {} : { lastSubjectSequence: options.revision };
-        const ack = await js.publish(`$KV.${bucket}.${key}`, options.value ?? new Uint8Array(), { headers: h, expect });
-        return ack.seq;
+        return (await js.publish(`$KV.${bucket}.${key}`, value, { headers: h, expect })).seq;
       }),
   });
 }

@@ -15,6 +15,29 @@ import { readStream, type ReadStream } from "./streams.ts";
 import { subjectMatches } from "./subjects.ts";
 import type { Clock, MetricDeclaration, ReadBucket, RuntimeRecords, Snapshot, StoreUse, ViewBucket, WriteBucket } from "./types.ts";
 
+/**
+ * `log.child(bindings)`, made only when a line is written at a level `log` writes: a run's
+ * `ctx.log.debug(…)` at level `info` costs no child logger (making one serializes its bindings).
+ */
+function runLogger(log: Logger, bindings: Record<string, unknown>): Logger {
+  let child: Logger | undefined;
+  return new Proxy(log, {
+    get(target, key) {
+      // Until the child is made, a level `log` does not write is its no-op.
+      if (child === undefined && typeof key === "string" && key in target.levels.values && !target.isLevelEnabled(key)) {
+        return Reflect.get(target, key);
+      }
+      child ??= target.child(bindings);
+      const value: unknown = Reflect.get(child, key);
+      return typeof value === "function" ? value.bind(child) : value;
+    },
+    set(target, key, value) {
+      child ??= target.child(bindings);
+      return Reflect.set(child, key, value);
+    },
+  });
+}
+
 /** A read handle that refuses, naming the function and bucket, any write tried through it. */
 function readOnly(fn: string, handle: ReadBucket): ReadBucket {
   const refuse = (op: string) => () => {
@@ -165,7 +188,7 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
       ...shared,
       trigger,
       get log() {
-        return (runLog ??= shared.log.child({ trigger }));
+        return (runLog ??= runLogger(shared.log, { trigger }));
       },
     };
   };

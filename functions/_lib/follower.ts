@@ -1,3 +1,4 @@
+import { LRUCache } from "lru-cache";
 import { z } from "zod";
 import {
   badInput,
@@ -165,7 +166,8 @@ const MAX_ATTEMPTS = 500;
  * keeping `{ recovered, since }`. Every write is compare-and-set on the key's last revision,
  * decided again on a conflict, so replicas (or concurrent runs) applying events of one triple at
  * once never lose one. What is kept is first read from `held` (a live view's local reads, which
- * may lag: a stale revision only makes the write fail), after a conflict from the bucket.
+ * may lag: a stale revision only makes the write fail), after a conflict from the bucket; a
+ * record this process wrote itself is known without parsing it again.
  */
 export async function applyEvent(bucket: WriteBucket, provider: string, event: Event, held: ReadBucket = bucket): Promise<Change> {
   const { machine, consumer } = event.event;
@@ -180,14 +182,38 @@ export async function applyEvent(bucket: WriteBucket, provider: string, event: E
  */
 const oneAtATime = keyedSerial();
 
+/**
+ * What this process last wrote to a key (by `<bucket>/<key>`): the record's bytes and revision,
+ * and what they keep. A record read with that revision and those bytes is that, without parsing
+ * its value again.
+ */
+const written = new LRUCache<string, { deleted: boolean; value: Buffer; kept: Kept }>({ max: 10_000 });
+
+/** {@link keptOf} `record`, from {@link written} when it holds that very record. */
+function keptAt(id: string, record: KeyRecord | null): Kept {
+  const mine = record === null ? undefined : written.get(id);
+  const same =
+    mine !== undefined && mine.kept.revision === record!.revision && mine.deleted === record!.deleted && mine.value.equals(record!.value);
+  return same ? mine.kept : keptOf(record);
+}
+
 async function applyTo(bucket: WriteBucket, key: string, event: Event, held: ReadBucket): Promise<Change> {
+  const id = `${bucket.bucket}/${key}`;
   for (let attempt = 0; ; attempt++) {
-    const kept = keptOf(await (attempt === 0 ? held : bucket).last(key));
+    const kept = keptAt(id, await (attempt === 0 ? held : bucket).last(key));
     const { change, write } = decide(kept, event);
     try {
-      if (write !== undefined && "put" in write) await bucket.update(key, JSON.stringify(write.put), kept.revision);
-      if (write !== undefined && "recover" in write)
-        await bucket.delete(key, { revision: kept.revision, value: JSON.stringify(write.recover) });
+      if (write !== undefined && "put" in write) {
+        const value = Buffer.from(JSON.stringify(write.put));
+        const revision = await bucket.update(key, value, kept.revision);
+        written.set(id, { deleted: false, value, kept: { state: "failing", revision, ...write.put } });
+      }
+      if (write !== undefined && "recover" in write) {
+        const value = Buffer.from(JSON.stringify(write.recover));
+        const revision = await bucket.delete(key, { revision: kept.revision, value });
+        const { recovered, since } = write.recover;
+        written.set(id, { deleted: true, value, kept: { state: "recovered", revision, at: recovered, ...(since ? { since } : {}) } });
+      }
       return change;
     } catch (err) {
       // Each conflict means another write won: some run always progresses.

@@ -2,6 +2,8 @@ import { z } from "zod";
 
 const PARTS = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/;
 
+const UTC = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z$/;
+
 /** A time's whole seconds since the epoch and its fraction's digits, trailing zeros dropped. */
 function parts(at: string): { seconds: number; fraction: string } {
   const [, whole, fraction = "", zone] = PARTS.exec(at.toUpperCase())!;
@@ -14,6 +16,8 @@ function parts(at: string): { seconds: number; fraction: string } {
  * have passed {@link rfc3339}.
  */
 export function compareTimes(a: string, b: string): number {
+  // Two UTC times of one shape (the same length: as many digits of fraction) order as strings.
+  if (a.length === b.length && UTC.test(a) && UTC.test(b)) return a < b ? -1 : a > b ? 1 : 0;
   const x = parts(a);
   const y = parts(b);
   if (x.seconds !== y.seconds) return x.seconds < y.seconds ? -1 : 1;
@@ -37,7 +41,7 @@ const isoDatetime = z.iso.datetime({ offset: true });
 export const rfc3339 = z
   .string()
   .max(64, "must be an RFC 3339 time of at most 64 characters")
-  .refine(
-    (s) => PARTS.test(s.toUpperCase()) && isoDatetime.safeParse(s.toUpperCase()).success && inRange(s),
-    "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z",
-  );
+  .refine((s) => {
+    const upper = s.toUpperCase();
+    return PARTS.test(upper) && isoDatetime.safeParse(upper).success && inRange(s);
+  }, "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z");

@@ -10,15 +10,14 @@
 import { writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join } from "node:path";
-import { AckPolicy, connect, DeliverPolicy, type JsMsg, type NatsConnection } from "nats";
+import { connect, type NatsConnection } from "nats";
 import { invoke, openRunner } from "../../runtime/index.ts";
 import { createLogger } from "../../runtime/log.ts";
-import { durables as durablesOf, event } from "../../runtime/triggers/event.ts";
-import { targetsOf } from "../../runtime/triggers/kind.ts";
 import { needKey } from "../../client/index.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
 import { STATUS } from "../../functions/_lib/status.ts";
 import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
+import { followerFigures } from "./follower.ts";
 import {
   appliedOf,
   askEcho,
@@ -40,7 +39,6 @@ import {
 
 const RESULTS = join(import.meta.dirname, "results.json");
 const NODES = 1000;
-const EVENTS = 10_000;
 const CONCURRENT = 32;
 const CONCURRENT_MS = 5000;
 /** How long the set is left idle before each RSS figure of the state, in milliseconds. */
@@ -81,7 +79,6 @@ async function main(bench: BenchBus) {
   line(`mesh-provisioner bench: ${cpus().length} × ${cpus()[0]?.model}, ${Math.round(totalmem() / 2 ** 30)} GiB, node ${process.version}`);
   line(`nats-server ${natsVersion} at ${server.url}`);
   const js = nc.jetstream();
-  const jsm = await nc.jetstreamManager();
   const httpPort = bench.httpPort;
 
   // The set asserts the buckets and streams; the bench then fills them as node clients would.
@@ -303,82 +300,8 @@ async function main(bench: BenchBus) {
 
   // 8. 10,000 failing/recovered events through the follower, against a bare durable-consumer ack loop.
   await stopChild(set.process);
-  const stream = config.streams.events!.stream;
-  const providers = config.embedded.providers;
-  const base = Date.now() - 3_600_000;
-  const acks: Promise<unknown>[] = [];
-  for (let e = 0; e < EVENTS / 1000; e++) {
-    for (let t = 0; t < 1000; t++) {
-      const kind = e % 2 === 0 ? "failing" : "recovered";
-      const event = {
-        machine: `n${t}`,
-        consumer: `c${t % 7}`,
-        at: new Date(base + e * 1000 + t).toISOString(),
-        ...(kind === "failing" ? { word: `down ${e}` } : {}),
-      };
-      acks.push(js.publish(`${providers[t % providers.length]}.provisioner.${kind}`, encoder.encode(JSON.stringify(event))));
-    }
-    await Promise.all(acks.splice(0));
-  }
-  // The one durable consumer of the events stream, which every follower function reads.
-  const durable = durablesOf(targetsOf(functions, event), config).find((d) => d.stream === stream)!.durable;
-  const delivered = () => jsm.consumers.info(stream, durable);
-  const before = (await delivered()).delivered.stream_seq;
-  set = await startSet();
-  let first = 0;
-  let last = 0;
-  for (;;) {
-    const info = await delivered();
-    const now = performance.now();
-    const moved = info.delivered.stream_seq > before;
-    const done = info.num_pending === 0 && info.num_ack_pending === 0;
-    if (moved && first === 0) first = now;
-    if (done && first !== 0) {
-      last = now;
-      break;
-    }
-    await new Promise((r) => setTimeout(r, 5));
-  }
-  const followerRate = EVENTS / ((last - first) / 1000);
-  await stopChild(set.process);
-
-  /**
-   * A bare loop over every message of the events stream, on a new durable consumer (explicit
-   * acks, 64 pulled at once, up to 64 in hand): `work` for each, then the ack.
-   */
-  const consumerLoop = async (durable: string, work: (m: JsMsg) => Promise<unknown> | void) => {
-    await jsm.consumers.add(stream, {
-      durable_name: durable,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      max_ack_pending: 1000,
-    });
-    const total = (await jsm.streams.info(stream)).state.messages;
-    const messages = await (await js.consumers.get(stream, durable)).consume({ max_messages: 64 });
-    const running = new Set<Promise<void>>();
-    let taken = 0;
-    let began = 0;
-    for await (const m of messages) {
-      if (taken === 0) began = performance.now();
-      const done: Promise<void> = Promise.resolve(work(m))
-        .then(() => m.ack())
-        .finally(() => running.delete(done));
-      running.add(done);
-      if (running.size >= 64) await Promise.race(running);
-      if (++taken === total) break;
-    }
-    await Promise.all(running);
-    await nc.flush();
-    messages.stop();
-    return total / ((performance.now() - began) / 1000);
-  };
-  const loopRate = await consumerLoop("bench-ack-loop", () => {});
-  // The least a follower storing each event does: parse it, put one key, then ack.
-  const store = await kv("failing");
-  const storeRate = await consumerLoop("bench-store-loop", (m) => {
-    const event = m.json<{ machine: string; consumer: string }>();
-    return store.put(`bench.${event.machine}.${event.consumer}`, m.data);
-  });
+  const follower = await followerFigures(nc, config, functions, async () => (await startSet()).process);
+  const { followerEventsPerSecond: followerRate, ackLoopEventsPerSecond: loopRate, storeLoopEventsPerSecond: storeRate } = follower;
 
   await stopChild(echo.process);
   await nc.close();
@@ -408,12 +331,7 @@ async function main(bench: BenchBus) {
     unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
     concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps, echoRuns, verbRuns },
     registryCompile: compiles["registry compile"],
-    follower: {
-      events: EVENTS,
-      followerEventsPerSecond: followerRate,
-      ackLoopEventsPerSecond: loopRate,
-      storeLoopEventsPerSecond: storeRate,
-    },
+    follower,
     rssBytes: rss,
     page: { demo: pageDemo, nodes1k: page1k, ownBytes: OWN_BYTES },
     rotation: { holders, heldBy: NODES, toLastNoticeMs: toLastNotice, toReleaseMs: toRelease },
@@ -488,7 +406,7 @@ async function main(bench: BenchBus) {
     ],
     ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
     [
-      `${EVENTS.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
+      `${follower.events.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
       `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`,
     ],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],

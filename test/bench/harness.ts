@@ -3,12 +3,10 @@
  * `bench` user that may use any subject, the function set and the echo responder as processes of
  * their own, the bench data's keys, and the timing helpers. See test/bench/README.md.
  */
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { execFileSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { createServer } from "node:net";
-import { createInterface } from "node:readline";
 import { connect, type KV, type NatsConnection } from "nats";
 import { Bench } from "tinybench";
 import { CONFIG_FILE, loadConfig, loadFunctions } from "../../runtime/index.ts";
@@ -16,8 +14,10 @@ import { startEmbedded, type EmbeddedServer } from "../../runtime/embedded.ts";
 import { authorization } from "../../runtime/permissions.ts";
 import { collectKey, needKey } from "../../client/index.ts";
 import { VERB } from "../../functions/_lib/provisioning.ts";
+import { child, children, freePort, ROOT, stopChild } from "./processes.ts";
 
-export const ROOT = resolve(import.meta.dirname, "../..");
+export { freePort, ROOT };
+
 export const MODULES = 10;
 export const PER_MODULE = 10;
 const LATENCY_MS = 2000;
@@ -31,16 +31,6 @@ export const count = (n: number) => n.toLocaleString("en-US");
 export const sleep = (n: number) => new Promise((r) => setTimeout(r, n));
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-
-/** A TCP port free now on the loopback. */
-export const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const probe = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-    probe.once("error", reject);
-  });
 
 /** Bytes of resident memory of a process, from /proc. */
 export const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) * 1024;
@@ -166,10 +156,6 @@ export async function openBench(): Promise<BenchBus> {
   const config = await loadConfig(resolve(ROOT, CONFIG_FILE), {});
   const functions = await loadFunctions(config);
   const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-bench-"));
-  const children: ChildProcess[] = [];
-  process.on("exit", () => {
-    for (const proc of children) proc.kill("SIGKILL");
-  });
   const users = authorization(config, functions, { nodes: config.embedded.nodes, providers: config.embedded.providers });
   // The bench's own client writes every node's keys and answers echo: any subject.
   const wide = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
@@ -177,26 +163,6 @@ export async function openBench(): Promise<BenchBus> {
   const benchUser = { user: "bench", pass: server.users.bench!.password };
   const nc = await connect({ servers: server.url, ...benchUser, name: "bench" });
   const js = nc.jetstream();
-
-  const child = async (args: string[], env: NodeJS.ProcessEnv, ready: RegExp): Promise<Started> => {
-    const proc = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-    children.push(proc);
-    proc.stderr!.pipe(process.stderr);
-    return new Promise((resolvePromise, reject) => {
-      for (const input of [proc.stdout!, proc.stderr!]) {
-        createInterface({ input }).on("line", (text) => {
-          if (ready.test(text)) resolvePromise({ process: proc, line: text });
-        });
-      }
-      proc.once("exit", (code) => reject(new Error(`${args.join(" ")} exited with ${code} before it was ready`)));
-    });
-  };
-  const stopChild = async (proc: ChildProcess) => {
-    if (proc.exitCode !== null) return;
-    const exited = new Promise((r) => proc.once("exit", r));
-    proc.kill("SIGTERM");
-    await exited;
-  };
 
   const httpPort = await freePort();
   const seatEnv = {
