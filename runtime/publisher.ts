@@ -1,13 +1,21 @@
 /**
- * JetStream publishes of one connection whose acknowledgements come back on one subscription of
- * the connection's inbox, each matched by the last token of its reply subject. nats.js makes a
- * request of each publish (its timer, and an error object made and dropped once it is answered);
- * a follower writing one key per event spends a good part of its time on that (docs/runtime.md §6.10).
+ * Requests of one connection whose answers come back on one subscription of the connection's
+ * inbox, each matched by the last token of its reply subject, and the JetStream publishes made
+ * of them. nats.js makes a request of each publish (its timer, and an error object made and
+ * dropped once it is answered); a follower writing one key per event, or a view asking whether
+ * it is current before each read, spends a good part of its time on that (docs/runtime.md §6.10).
  */
-import { createInbox, ErrorCode, NatsError, type MsgHdrs, type NatsConnection } from "nats";
+import { createInbox, ErrorCode, NatsError, type Msg, type MsgHdrs, type NatsConnection } from "nats";
 
-/** Milliseconds a publish waits for its acknowledgement, as nats.js's JetStream client does by default. */
+/** Milliseconds a request waits for its answer, as nats.js's JetStream client does by default. */
 export const PUBLISH_TIMEOUT_MS = 5000;
+
+/**
+ * Sends `data` on `subject` with `headers` and resolves with the answer. Rejects with a
+ * `NatsError`: nobody subscribed to `subject` (no responders) code `503`; no answer within
+ * {@link PUBLISH_TIMEOUT_MS} code `TIMEOUT`; a closed connection `CONNECTION_CLOSED`.
+ */
+export type Request = (subject: string, data: Uint8Array | string, headers?: MsgHdrs) => Promise<Msg>;
 
 /**
  * Publishes `data` on `subject` (a subject some stream captures) with `headers`, and resolves
@@ -20,17 +28,18 @@ export const PUBLISH_TIMEOUT_MS = 5000;
  */
 export type Publish = (subject: string, data: Uint8Array | string, headers?: MsgHdrs) => Promise<number>;
 
+const requesters = new WeakMap<NatsConnection, Request>();
 const publishers = new WeakMap<NatsConnection, Publish>();
 const decoder = new TextDecoder();
 
-/** The {@link Publish} of `nc`, made at its first use: one subscription, one timer sweeping the late ones. */
-export function publisherOf(nc: NatsConnection): Publish {
-  let publish = publishers.get(nc);
-  if (publish !== undefined) return publish;
+/** The {@link Request} of `nc`, made at its first use: one subscription, one timer sweeping the late ones. */
+export function requesterOf(nc: NatsConnection): Request {
+  let request = requesters.get(nc);
+  if (request !== undefined) return request;
   // The connection's inbox prefix (the seat receives on `_INBOX.<seat>.>` only), as nats.js's own requests use it.
   const prefix = `${createInbox((nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix)}.`;
   /** By token, in the order sent: when it was sent, and how it ends. */
-  const waiting = new Map<string, { at: number; resolve: (seq: number) => void; reject: (err: Error) => void }>();
+  const waiting = new Map<string, { at: number; resolve: (msg: Msg) => void; reject: (err: Error) => void }>();
   let sent = 0;
   let timer: NodeJS.Timeout | undefined;
   const sweep = () => {
@@ -53,18 +62,7 @@ export function publisherOf(nc: NatsConnection): Publish {
       if (w === undefined) return;
       waiting.delete(token);
       if (msg.data.length === 0 && msg.headers?.code === 503) return w.reject(NatsError.errorForCode(ErrorCode.NoResponders));
-      let answer: { seq?: unknown; error?: { code: number; err_code?: number; description?: string } };
-      try {
-        answer = JSON.parse(decoder.decode(msg.data)) as typeof answer;
-      } catch (e) {
-        return w.reject(NatsError.errorForCode(ErrorCode.BadJson, e as Error));
-      }
-      if (answer.error !== undefined) {
-        const { code, description } = answer.error;
-        return w.reject(Object.assign(new NatsError(description || ErrorCode.Unknown, `${code}`), { api_error: answer.error }));
-      }
-      if (typeof answer.seq !== "number") return w.reject(NatsError.errorForCode(ErrorCode.JetStreamInvalidAck));
-      w.resolve(answer.seq);
+      w.resolve(msg);
     },
   });
   void nc.closed().then(() => {
@@ -72,14 +70,38 @@ export function publisherOf(nc: NatsConnection): Publish {
     for (const w of waiting.values()) w.reject(NatsError.errorForCode(ErrorCode.ConnectionClosed));
     waiting.clear();
   });
-  publish = (subject, data, headers) =>
-    new Promise<number>((resolve, reject) => {
+  request = (subject, data, headers) =>
+    new Promise<Msg>((resolve, reject) => {
       const token = (++sent).toString(36);
       // Throws when the connection is closed or the payload too large: the promise rejects.
       nc.publish(subject, data, { reply: `${prefix}${token}`, ...(headers ? { headers } : {}) });
       waiting.set(token, { at: performance.now(), resolve, reject });
       timer ??= setInterval(sweep, 500).unref();
     });
+  requesters.set(nc, request);
+  return request;
+}
+
+/** The {@link Publish} of `nc`: its {@link requesterOf}, the answer read as a JetStream acknowledgement. */
+export function publisherOf(nc: NatsConnection): Publish {
+  let publish = publishers.get(nc);
+  if (publish !== undefined) return publish;
+  const request = requesterOf(nc);
+  publish = async (subject, data, headers) => {
+    const msg = await request(subject, data, headers);
+    let answer: { seq?: unknown; error?: { code: number; err_code?: number; description?: string } };
+    try {
+      answer = JSON.parse(decoder.decode(msg.data)) as typeof answer;
+    } catch (e) {
+      throw NatsError.errorForCode(ErrorCode.BadJson, e as Error);
+    }
+    if (answer.error !== undefined) {
+      const { code, description } = answer.error;
+      throw Object.assign(new NatsError(description || ErrorCode.Unknown, `${code}`), { api_error: answer.error });
+    }
+    if (typeof answer.seq !== "number") throw NatsError.errorForCode(ErrorCode.JetStreamInvalidAck);
+    return answer.seq;
+  };
   publishers.set(nc, publish);
   return publish;
 }

@@ -4,8 +4,9 @@
  * stream's last sequence, and waits up to {@link CATCH_UP_MS} for the view to reach it.
  * Concurrent reads share these requests. It knows sequences only, nothing of the view's store.
  */
-import { createInbox, type JetStreamManager, type Msg, type NatsConnection, type StreamConfig, type Subscription } from "nats";
+import type { JetStreamManager, NatsConnection, StreamConfig } from "nats";
 import type { Logger } from "pino";
+import { requesterOf } from "../publisher.ts";
 
 /**
  * How long a read waits for the view to reach the stream's last sequence before it reads from
@@ -41,72 +42,16 @@ export function coalesced(read: () => Promise<number>): () => Promise<number> {
   };
 }
 
-/** Whether the stream holds no message after the given stream sequence; `close` ends its subscription. */
-export type NothingAfter = ((sequence: number) => Promise<boolean>) & { close?(): void };
-
-/** How long a probe's request is waited for, in milliseconds. */
-const PROBE_TIMEOUT_MS = 5000;
-
-/**
- * Requests and their answers on one subscription of the connection's own inbox
- * (`<inboxPrefix>.<nuid>.<n>`), made at the first request: nats.js's `request` makes an Error
- * object for every request it ends, answered or not, which a read a millisecond long notices.
- * A request rejects with `code` "TIMEOUT" after {@link PROBE_TIMEOUT_MS}, "503" when nobody
- * answers its subject (nats-server's no-responders status).
- */
-function asking(nc: NatsConnection): { ask(subject: string, body: string): Promise<Msg>; close(): void } {
-  // nats.js keeps the prefix its inboxes are made under in the connection's options.
-  const prefix = (nc as unknown as { options?: { inboxPrefix?: string } }).options?.inboxPrefix ?? "_INBOX";
-  const inbox = createInbox(prefix);
-  const pending = new Map<number, { resolve(msg: Msg): void; reject(err: Error): void; timer: NodeJS.Timeout }>();
-  const failed = (message: string, code: string) => Object.assign(new Error(message), { code });
-  let subscription: Subscription | undefined;
-  let asked = 0;
-  const answered = (_: unknown, msg: Msg) => {
-    const n = Number(msg.subject.slice(inbox.length + 1));
-    const waiting = pending.get(n);
-    if (waiting === undefined) return;
-    pending.delete(n);
-    clearTimeout(waiting.timer);
-    if (msg.headers?.code === 503) waiting.reject(failed(`no responders for ${msg.subject}`, "503"));
-    else waiting.resolve(msg);
-  };
-  return {
-    ask: (subject, body) =>
-      new Promise<Msg>((resolve, reject) => {
-        const n = ++asked;
-        const timer = setTimeout(() => {
-          pending.delete(n);
-          reject(failed(`no answer from ${subject} in ${PROBE_TIMEOUT_MS / 1000} s`, "TIMEOUT"));
-        }, PROBE_TIMEOUT_MS);
-        pending.set(n, { resolve, reject, timer });
-        try {
-          subscription ??= nc.subscribe(`${inbox}.*`, { callback: answered });
-          nc.publish(subject, body, { reply: `${inbox}.${n}` });
-        } catch (err) {
-          pending.delete(n);
-          clearTimeout(timer);
-          reject(err as Error);
-        }
-      }),
-    close() {
-      subscription?.unsubscribe();
-      for (const { reject, timer } of pending.values()) {
-        clearTimeout(timer);
-        reject(failed("the view stopped", "CLOSED"));
-      }
-      pending.clear();
-    },
-  };
-}
+/** Whether the stream holds no message after the given stream sequence. */
+export type NothingAfter = (sequence: number) => Promise<boolean>;
 
 /**
  * Asks whether stream `KV_<bucket>` holds no message after a sequence: a direct get
  * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
  * when `config` does not allow direct gets or has replicas, the stream API's get
  * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
- * none. Each request times out after 5 s; the probe rejects when its request fails. Its answers
- * come to one subscription of the connection's inbox, ended by `close`.
+ * none. Each request times out after 5 s; the probe rejects when its request fails. Asked with
+ * the connection's {@link requesterOf}: no Error made per request, answered or not.
  */
 export function nothingAfterProbe(
   nc: NatsConnection,
@@ -117,14 +62,13 @@ export function nothingAfterProbe(
   // A replicated stream's followers answer direct gets too, and may lag: ask its leader.
   const direct = config.allow_direct === true && config.num_replicas === 1;
   const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
-  const { ask, close } = asking(nc);
-  const probe = async (sequence: number) => {
+  const ask = requesterOf(nc);
+  return async (sequence) => {
     const request = `{"seq":${sequence + 1},${next}`;
     if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request)).headers?.code === 404;
     const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request);
     return (reply.json() as { error?: { code?: number } }).error?.code === 404;
   };
-  return Object.assign(probe, { close });
 }
 
 /**

@@ -198,7 +198,6 @@ export async function openView(
       stopped = true;
       resync.stop();
       current!.watch.stop();
-      nothingAfter.close?.();
     },
     get: async (key) => ((await fresh.caughtUp()) ? local : server).get(key),
     last: async (key) => ((await fresh.caughtUp()) ? local : server).last(key),
