@@ -20,6 +20,8 @@ import { demoPageFigures, OWN_BYTES, pageFigures } from "./page.ts";
 import { followerFigures } from "./follower.ts";
 import {
   appliedOf,
+  pagesFigures,
+  startFigures,
   askEcho,
   askVerb,
   collectsOf,
@@ -31,6 +33,7 @@ import {
   ms,
   needsOf,
   openBench,
+  printTables,
   PER_MODULE,
   rssOf,
   watchRead,
@@ -110,50 +113,16 @@ async function main(bench: BenchBus) {
 
   // 3. Start-to-ready with those buckets, against one unfiltered read of every bucket the set views.
   await stopChild(set.process);
-  const { viewed } = bench;
-  const readAll: number[] = [];
-  for (let i = 0; i < 3; i++) {
-    const t = performance.now();
-    for (const name of viewed) await watchRead(await kv(name));
-    readAll.push(performance.now() - t);
-  }
-  const readyRuns: number[] = [];
-  const spawnRuns: number[] = [];
-  for (let i = 0; i < 3; i++) {
-    if (i > 0) await stopChild(set.process);
-    const spawned = performance.now();
-    set = await startSet();
-    spawnRuns.push(performance.now() - spawned);
-    readyRuns.push(Number(/ready in (\d+) ms/.exec(set.line)![1]));
-  }
-  const processReady = median(spawnRuns);
-  const readyMs = median(readyRuns);
+  const started = await startFigures(bench);
+  set = started.set;
+  const { readyMs, processSpawnToReadyMs: processReady, unfilteredReadOfViewedBucketsMs: readAllMs } = started.figures;
 
   // 4. Narrowed needs at 100,000 keys.
   const at100k = await latency(narrowedTasks("100k"));
 
   // 5. Every needs key through the pages, against one unfiltered watch of the bucket.
-  const pagedRuns: number[] = [];
-  const watchRuns: number[] = [];
-  let pages = 0;
-  for (let i = 0; i < 3; i++) {
-    let t = performance.now();
-    let count = 0;
-    let cursor: string | undefined;
-    pages = 0;
-    do {
-      const page = await askVerb(nc, { what: "needs", limit: 10_000, ...(cursor ? { cursor } : {}) });
-      count += page.entries.length;
-      cursor = page.next;
-      pages++;
-    } while (cursor !== undefined);
-    pagedRuns.push(performance.now() - t);
-    if (count !== NODES * MODULES * PER_MODULE) throw new Error(`the pages held ${count} keys`);
-    t = performance.now();
-    const watched = await watchRead(needs);
-    watchRuns.push(performance.now() - t);
-    if (watched !== NODES * MODULES * PER_MODULE) throw new Error(`the watch read ${watched} keys`);
-  }
+  const paging = await pagesFigures(nc, needs, NODES * MODULES * PER_MODULE);
+  const { pages, pagedMs: paged, watchedMs: watched } = paging;
 
   // 6. 32 concurrent requesters for 5 s each.
   const connections = await Promise.all(Array.from({ length: CONCURRENT }, () => connect({ servers: server.url, ...benchUser })));
@@ -313,9 +282,6 @@ async function main(bench: BenchBus) {
   const verb100k = at100k["verb 100k"]!.p50;
   const raw100k = at100k["raw-filter 100k"]!.p50;
   const verb1k = at1k["verb 1k"]!.p50;
-  const paged = median(pagedRuns);
-  const watched = median(watchRuns);
-  const readAllMs = median(readAll);
   const figures = {
     machine: {
       cpus: cpus().length,
@@ -327,8 +293,8 @@ async function main(bench: BenchBus) {
     at: new Date().toISOString(),
     narrowed1k: at1k,
     narrowed100k: at100k,
-    pagedAllNeeds: { ms: paged, pages, runs: pagedRuns },
-    unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
+    pagedAllNeeds: { ms: paged, pages, runs: paging.pagedRuns },
+    unfilteredWatchNeeds: { ms: watched, runs: paging.watchRuns },
     concurrent: { requesters: CONCURRENT, seconds: CONCURRENT_MS / 1000, echoRps, verbRps, echoRuns, verbRuns },
     registryCompile: compiles["registry compile"],
     follower,
@@ -347,14 +313,7 @@ async function main(bench: BenchBus) {
       rssWithStateBytes: rssWithState,
       rssAfterStateRequestsBytes: rssAfterStateRequests,
     },
-    startToReady: {
-      readyMs,
-      readyRuns,
-      processSpawnToReadyMs: processReady,
-      unfilteredReadOfViewedBucketsMs: readAllMs,
-      readAllRuns: readAll,
-      buckets: viewed,
-    },
+    startToReady: { ...started.figures, buckets: bench.viewed },
   };
   const targets = [
     ["narrowed 100k: verb p50 / echo p50", verb100k / echo100k, "≤ 3", verb100k / echo100k <= 3],
@@ -442,16 +401,7 @@ async function main(bench: BenchBus) {
       `${readyMs} ms · ${Math.round(processReady)} ms · ${Math.round(readAllMs)} ms`,
     ],
   ];
-  const width = Math.max(...rows.map(([k]) => k.length), ...targets.map(([k]) => k.length));
-  line("");
-  line("| figure | value |");
-  line("|---|---|");
-  for (const [k, v] of rows) line(`| ${k.padEnd(width)} | ${v} |`);
-  line("");
-  line("| target | ratio | wanted | met |");
-  line("|---|---|---|---|");
-  for (const [k, ratio, wanted, met] of targets)
-    line(`| ${k.padEnd(width)} | ${ratio.toFixed(3)} | ${wanted} | ${wanted === "-" ? "-" : met ? "yes" : "NO"} |`);
+  printTables(rows, targets);
   writeFileSync(
     RESULTS,
     `${JSON.stringify({ ...figures, targets: targets.filter(([, , wanted]) => wanted !== "-").map(([target, ratio, wanted, met]) => ({ target, ratio, wanted, met })) }, null, 2)}\n`,

@@ -202,3 +202,99 @@ export async function openBench(): Promise<BenchBus> {
     },
   };
 }
+
+/** Start-to-ready against one read of every viewed bucket, each a median of 3 runs, in milliseconds. */
+export interface StartFigures {
+  readonly readyMs: number;
+  readonly readyRuns: number[];
+  readonly processSpawnToReadyMs: number;
+  readonly spawnRuns: number[];
+  readonly unfilteredReadOfViewedBucketsMs: number;
+  readonly readAllRuns: number[];
+}
+
+/**
+ * With the set stopped, one unfiltered `kv.watch` read of each bucket it views, one after another,
+ * 3 times; then the set started 3 times (stopped between): its `ready in` and the time from spawn
+ * to that line. Resolves with the figures and the set left running.
+ */
+export async function startFigures(bench: BenchBus): Promise<{ figures: StartFigures; set: Started }> {
+  const readAllRuns: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const t = performance.now();
+    for (const name of bench.viewed) await watchRead(await bench.kv(name));
+    readAllRuns.push(performance.now() - t);
+  }
+  const readyRuns: number[] = [];
+  const spawnRuns: number[] = [];
+  let set: Started | undefined;
+  for (let i = 0; i < 3; i++) {
+    if (set !== undefined) await bench.stopChild(set.process);
+    const spawned = performance.now();
+    set = await bench.startSet();
+    spawnRuns.push(performance.now() - spawned);
+    readyRuns.push(Number(/ready in (\d+) ms/.exec(set.line)![1]));
+  }
+  return {
+    set: set!,
+    figures: {
+      readyMs: median(readyRuns),
+      readyRuns,
+      processSpawnToReadyMs: median(spawnRuns),
+      spawnRuns,
+      unfilteredReadOfViewedBucketsMs: median(readAllRuns),
+      readAllRuns,
+    },
+  };
+}
+
+/**
+ * Every key of needs through the verb's pages (`limit` 10,000) until no `next`, against one
+ * unfiltered watch of the bucket, 3 times each; medians in milliseconds. Throws when either read
+ * another number of keys than `keys`.
+ */
+export async function pagesFigures(
+  nc: NatsConnection,
+  needs: KV,
+  keys: number,
+): Promise<{ pagedMs: number; pagedRuns: number[]; pages: number; watchedMs: number; watchRuns: number[] }> {
+  const pagedRuns: number[] = [];
+  const watchRuns: number[] = [];
+  let pages = 0;
+  for (let i = 0; i < 3; i++) {
+    let t = performance.now();
+    let n = 0;
+    let cursor: string | undefined;
+    pages = 0;
+    do {
+      const page = await askVerb(nc, { what: "needs", limit: 10_000, ...(cursor ? { cursor } : {}) });
+      n += page.entries.length;
+      cursor = page.next;
+      pages++;
+    } while (cursor !== undefined);
+    pagedRuns.push(performance.now() - t);
+    if (n !== keys) throw new Error(`the pages held ${n} keys, not ${keys}`);
+    t = performance.now();
+    const watched = await watchRead(needs);
+    watchRuns.push(performance.now() - t);
+    if (watched !== keys) throw new Error(`the watch read ${watched} keys, not ${keys}`);
+  }
+  return { pagedMs: median(pagedRuns), pagedRuns, pages, watchedMs: median(watchRuns), watchRuns };
+}
+
+/** A target: what is judged, the figure, what is wanted (`-`: shown, not judged), whether it is met. */
+export type Target = readonly [string, number, string, boolean];
+
+/** Prints the figures' table and the targets' (`head` the targets' figure column), as Markdown. */
+export function printTables(rows: readonly (readonly [string, string])[], targets: readonly Target[], head = "ratio"): void {
+  const width = Math.max(...rows.map(([k]) => k.length), ...targets.map(([k]) => k.length));
+  line("");
+  line("| figure | value |");
+  line("|---|---|");
+  for (const [k, v] of rows) line(`| ${k.padEnd(width)} | ${v} |`);
+  line("");
+  line(`| target | ${head} | wanted | met |`);
+  line("|---|---|---|---|");
+  for (const [k, figure, wanted, met] of targets)
+    line(`| ${k.padEnd(width)} | ${figure.toFixed(3)} | ${wanted} | ${wanted === "-" ? "-" : met ? "yes" : "NO"} |`);
+}

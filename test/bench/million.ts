@@ -18,15 +18,16 @@ import {
   fill,
   latency,
   line,
-  median,
   MODULES,
   ms,
   needsOf,
   openBench,
+  printTables,
+  pagesFigures,
   PER_MODULE,
   rssOf,
   sleep,
-  watchRead,
+  startFigures,
   type BenchBus,
 } from "./harness.ts";
 
@@ -75,21 +76,8 @@ async function main(bench: BenchBus) {
 
   // Start-to-ready against one unfiltered read of every viewed bucket, medians of 3.
   await stopChild(set.process);
-  const readAll: number[] = [];
-  for (let i = 0; i < 3; i++) {
-    const t = performance.now();
-    for (const name of bench.viewed) await watchRead(await kv(name));
-    readAll.push(performance.now() - t);
-  }
-  const readyRuns: number[] = [];
-  const spawnRuns: number[] = [];
-  for (let i = 0; i < 3; i++) {
-    if (i > 0) await stopChild(set.process);
-    const spawned = performance.now();
-    set = await startSet();
-    spawnRuns.push(performance.now() - spawned);
-    readyRuns.push(Number(/ready in (\d+) ms/.exec(set.line)![1]));
-  }
+  const started = await startFigures(bench);
+  set = started.set;
   const rss = await rssStarted();
 
   // The narrowed verb against echo.
@@ -98,35 +86,13 @@ async function main(bench: BenchBus) {
   if (check.entries.length !== PER_MODULE) throw new Error(`the narrowed verb answered ${check.entries.length} entries, not ${PER_MODULE}`);
 
   // Every needs key through the pages, against one unfiltered watch of the bucket.
-  const pagedRuns: number[] = [];
-  const watchRuns: number[] = [];
-  let pages = 0;
-  for (let i = 0; i < 3; i++) {
-    let t = performance.now();
-    let n = 0;
-    let cursor: string | undefined;
-    pages = 0;
-    do {
-      const page = await askVerb(nc, { what: "needs", limit: 10_000, ...(cursor ? { cursor } : {}) });
-      n += page.entries.length;
-      cursor = page.next;
-      pages++;
-    } while (cursor !== undefined);
-    pagedRuns.push(performance.now() - t);
-    if (n !== NODES * MODULES * PER_MODULE) throw new Error(`the pages held ${n} keys`);
-    t = performance.now();
-    const watched = await watchRead(needs);
-    watchRuns.push(performance.now() - t);
-    if (watched !== NODES * MODULES * PER_MODULE) throw new Error(`the watch read ${watched} keys`);
-  }
+  const paging = await pagesFigures(nc, needs, NODES * MODULES * PER_MODULE);
   await sleep(IDLE_MS);
   const rssAfterRequests = rssOf(set.process.pid!);
   await stopChild(echo.process);
 
-  const readyMs = median(readyRuns);
-  const readAllMs = median(readAll);
-  const paged = median(pagedRuns);
-  const watched = median(watchRuns);
+  const { readyMs, unfilteredReadOfViewedBucketsMs: readAllMs } = started.figures;
+  const { pages, pagedMs: paged, watchedMs: watched } = paging;
   const slope = (rss - rssFirst) / (keysOf(NODES) - keysOf(FIRST));
   const echoP50 = narrowedAt.echo!.p50;
   const verbP50 = narrowedAt.verb!.p50;
@@ -144,7 +110,7 @@ async function main(bench: BenchBus) {
     ["RSS of the set after the requests below and 10 s idle", `${(rssAfterRequests / 1e6).toFixed(0)} MB`],
     [
       "start-to-ready · process spawn-to-ready · read all viewed buckets (medians of 3)",
-      `${readyMs} ms · ${Math.round(median(spawnRuns))} ms · ${Math.round(readAllMs)} ms`,
+      `${readyMs} ms · ${Math.round(started.figures.processSpawnToReadyMs)} ms · ${Math.round(readAllMs)} ms`,
     ],
     ["narrowed verb p50 (10 keys) · echo p50", `${ms(verbP50)} · ${ms(echoP50)}`],
     [`all ${needsKeys} needs: verb pages (${pages}) · one unfiltered watch`, `${ms(paged)} · ${ms(watched)}`],
@@ -157,15 +123,7 @@ async function main(bench: BenchBus) {
     ["all needs: pages / one unfiltered watch", paged / watched, "≤ 1.2", paged / watched <= 1.2],
     ["data built (s)", buildMs / 1000, "< 120", buildMs < 120_000],
   ] as const;
-  const width = Math.max(...rows.map(([k]) => k.length), ...targets.map(([k]) => k.length));
-  line("");
-  line("| figure | value |");
-  line("|---|---|");
-  for (const [k, v] of rows) line(`| ${k.padEnd(width)} | ${v} |`);
-  line("");
-  line("| target | figure | wanted | met |");
-  line("|---|---|---|---|");
-  for (const [k, figure, wanted, met] of targets) line(`| ${k.padEnd(width)} | ${figure.toFixed(3)} | ${wanted} | ${met ? "yes" : "NO"} |`);
+  printTables(rows, targets, "figure");
   const figures = {
     machine: {
       cpus: cpus().length,
@@ -179,17 +137,10 @@ async function main(bench: BenchBus) {
     keys: { first: keysOf(FIRST), whole: keysOf(NODES) },
     buildMs,
     rssBytes: { first: rssFirst, whole: rss, slopeBytesPerKey: slope, afterRequests: rssAfterRequests },
-    startToReady: {
-      readyMs,
-      readyRuns,
-      processSpawnToReadyMs: median(spawnRuns),
-      spawnRuns,
-      unfilteredReadOfViewedBucketsMs: readAllMs,
-      readAllRuns: readAll,
-    },
+    startToReady: started.figures,
     narrowed: narrowedAt,
-    pagedAllNeeds: { ms: paged, pages, runs: pagedRuns },
-    unfilteredWatchNeeds: { ms: watched, runs: watchRuns },
+    pagedAllNeeds: { ms: paged, pages, runs: paging.pagedRuns },
+    unfilteredWatchNeeds: { ms: watched, runs: paging.watchRuns },
     targets: targets.map(([target, figure, wanted, met]) => ({ target, figure, wanted, met })),
   };
   writeFileSync(RESULTS, `${JSON.stringify(figures, null, 2)}\n`);
