@@ -173,6 +173,9 @@ export async function openBench(): Promise<BenchBus> {
     HTTP_PORT: String(httpPort),
     LOG_LEVEL: process.env.LOG_LEVEL ?? "info",
   };
+  // Node's flags as `npm start` gives them (package.json), so the set runs as it does there.
+  const { scripts } = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { scripts: Record<string, string> };
+  const startFlags = /\bnode ((?:--\S+ )*)bin\//.exec(scripts.start!)?.[1]?.trim().split(" ").filter(Boolean) ?? [];
   // BENCH_PROFILE=<folder>: each run of the set writes a V8 CPU profile there when it stops.
   const profile = process.env.BENCH_PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${resolve(process.env.BENCH_PROFILE)}`] : [];
   return {
@@ -184,7 +187,7 @@ export async function openBench(): Promise<BenchBus> {
     functions,
     viewed: [...new Set(functions.flatMap((fn) => fn.definition.access?.views ?? []))],
     httpPort,
-    startSet: () => child([...profile, join(ROOT, "bin", "mesh-provisioner.mjs"), "start"], seatEnv, /^ready in \d+ ms/),
+    startSet: () => child([...startFlags, ...profile, join(ROOT, "bin", "mesh-provisioner.mjs"), "start"], seatEnv, /^ready in \d+ ms/),
     startEcho: () =>
       child(
         ["--import", "tsx", join(import.meta.dirname, "echo.ts")],
