@@ -3,7 +3,7 @@
  * each key to a slot number, the slots' revisions, times and flags in typed arrays, and the
  * values' bytes in chunks of one arena. A record is made as an object only when it is read.
  * A value written over leaves its old bytes in the arena until there are more of them than of
- * live ones, then the arena is copied anew.
+ * live ones and 8 MiB, then the live values are copied into new chunks.
  */
 import { createRequire } from "node:module";
 import type { KeyRecord } from "../types.ts";
@@ -26,7 +26,9 @@ const byKey = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
 export interface RecordParts {
   readonly key: string;
   readonly value: Uint8Array;
+  /** The stream sequence of the write. */
   readonly revision: number;
+  /** When the server stored it: milliseconds, and nanoseconds, since the epoch. */
   readonly createdMs: number;
   readonly createdNanos: number;
   readonly deleted: boolean;
