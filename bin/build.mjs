@@ -1,24 +1,14 @@
 #!/usr/bin/env node
 // `npm run build` (run by `prestart`): the command line, the runtime, the shipped function files
 // and the config bundled by esbuild into dist/, so that a start needs no tsx (docs/scale.md §11.2).
-import { mkdirSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import { BUILD_FILE, DIST, currentBuild, hashOf } from "./dist.mjs";
 
 const ROOT = resolve(import.meta.dirname, "..");
 
-/** The function files the project ships (test/helpers.ts SHIPPED_FUNCTIONS); a file a user drops in loads through tsx. */
-export const SHIPPED_FUNCTIONS = [
-  "alerts",
-  "page",
-  "provider-failing",
-  "provider-recovered",
-  "provider-rotated",
-  "provisioning",
-  "registry-compile",
-  "rotation-fanout",
-  "status",
-];
+/** The function files the project ships (functions/_shipped.json, as the tests read it); a file a user drops in loads through tsx. */
+export const SHIPPED_FUNCTIONS = JSON.parse(readFileSync(join(ROOT, "functions", "_shipped.json"), "utf8"));
 
 /** The sources bundled as modules of their own: what the bin, the loader and a dropped-in function file import. */
 function entryPoints() {
@@ -69,9 +59,10 @@ export async function buildDist() {
     metafile: true,
     logLevel: "warning",
   });
-  // This file among the inputs: a build of other options is another build.
+  // This file and the list of shipped functions among the inputs: a build of other options or
+  // other entries is another build.
   const inputs = Object.fromEntries(
-    [...Object.keys(result.metafile.inputs).filter((file) => !file.startsWith("node_modules/")), "bin/build.mjs"]
+    [...Object.keys(result.metafile.inputs).filter((file) => !file.startsWith("node_modules/")), "bin/build.mjs", "functions/_shipped.json"]
       .sort()
       .map((file) => [file, hashOf(join(ROOT, file))]),
   );

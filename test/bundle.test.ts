@@ -24,6 +24,7 @@ function copyProject(): string {
     "demo",
     "runtime",
     "functions/_lib",
+    "functions/_shipped.json",
     "package.json",
     "tsconfig.json",
     "wrangler-free.config.ts",

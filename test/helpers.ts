@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { NatsConnection } from "nats";
 import { CONFIG_FILE, loadConfig, start, type Config, type Running } from "../runtime/index.ts";
@@ -8,20 +8,11 @@ import { startTestBus, type TestBus, type TestBusOptions } from "../runtime/test
 export const ROOT = resolve(import.meta.dirname, "..");
 
 /**
- * The function files the project ships: tests of the shipped set run on these alone, so a file
- * a user drops into `functions/` (README, "Adding a function") changes none of them.
+ * The function files the project ships (functions/_shipped.json, which the build reads too):
+ * tests of the shipped set run on these alone, so a file a user drops into `functions/`
+ * (README, "Adding a function") changes none of them.
  */
-export const SHIPPED_FUNCTIONS = [
-  "alerts",
-  "page",
-  "provider-failing",
-  "provider-recovered",
-  "provider-rotated",
-  "provisioning",
-  "registry-compile",
-  "rotation-fanout",
-  "status",
-] as const;
+export const SHIPPED_FUNCTIONS: readonly string[] = JSON.parse(readFileSync(join(ROOT, "functions", "_shipped.json"), "utf8"));
 
 /**
  * A folder of links to the shipped function files and to `functions/_lib`, under `.tmp/`, and
