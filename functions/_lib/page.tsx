@@ -561,67 +561,60 @@ l.className="";l.textContent=lost?"Back at "+t()+", after "+Math.round((Date.now
 catch(err){if(!lost)lost=Date.now();l.className="lost";l.textContent="Lost the set at "+new Date(lost).toISOString().slice(11,19)+" UTC ("+err.message+"); trying again every second"}
 setTimeout(poll,1000)}setTimeout(poll,1000)})()`;
 
+/** An HTML document of the page's own style, titled `title`, `children` its body. */
+const documentOf = (title: string, children: Child): string =>
+  "<!DOCTYPE html>" +
+  String(
+    <html lang="en">
+      <head>
+        <meta charset="utf-8" />
+        <meta name="viewport" content="width=device-width,initial-scale=1" />
+        <title>{title}</title>
+        <style>{raw(STYLE)}</style>
+      </head>
+      <body>{children}</body>
+    </html>,
+  );
+
 /** The whole page (docs/page.md §10.1), as an HTML document. */
 export function pageOf(o: Overview): string {
   const parts = PARTS;
-  return (
-    "<!DOCTYPE html>" +
-    String(
-      <html lang="en">
-        <head>
-          <meta charset="utf-8" />
-          <meta name="viewport" content="width=device-width,initial-scale=1" />
-          <title>{o.status.well ? "Well" : "Not well"} · mesh-provisioner</title>
-          <style>{raw(STYLE)}</style>
-        </head>
-        <body>
-          <header>
-            <h1>mesh-provisioner</h1>
-            <p id="live" role="status" aria-live="polite">
-              Live: updates every second
-            </p>
-          </header>
-          <main>
-            <section aria-label="filters">
-              <Filters o={o} />
-            </section>
-            {Object.entries(parts).map(([id, Part]) => (
-              <section id={id} aria-live={id === "banner" ? "polite" : undefined}>
-                <Part o={o} />
-              </section>
-            ))}
-          </main>
-          <script>{raw(SCRIPT)}</script>
-        </body>
-      </html>,
-    )
+  return documentOf(
+    `${o.status.well ? "Well" : "Not well"} · mesh-provisioner`,
+    <>
+      <header>
+        <h1>mesh-provisioner</h1>
+        <p id="live" role="status" aria-live="polite">
+          Live: updates every second
+        </p>
+      </header>
+      <main>
+        <section aria-label="filters">
+          <Filters o={o} />
+        </section>
+        {Object.entries(parts).map(([id, Part]) => (
+          <section id={id} aria-live={id === "banner" ? "polite" : undefined}>
+            <Part o={o} />
+          </section>
+        ))}
+      </main>
+      <script>{raw(SCRIPT)}</script>
+    </>,
   );
 }
 
 /** The page of a query refused (docs/page.md §10.2): each field at fault in words, and the way back. */
 export function refusedPage(message: string): string {
-  return (
-    "<!DOCTYPE html>" +
-    String(
-      <html lang="en">
-        <head>
-          <meta charset="utf-8" />
-          <meta name="viewport" content="width=device-width,initial-scale=1" />
-          <title>Bad query · mesh-provisioner</title>
-          <style>{raw(STYLE)}</style>
-        </head>
-        <body>
-          <main>
-            <section>
-              <h1>This view cannot be shown</h1>
-              <p id="refusal">{message}</p>
-              <p>
-                <a href="/">The whole mesh</a>
-              </p>
-            </section>
-          </main>
-        </body>
-      </html>,
-    )
+  return documentOf(
+    "Bad query · mesh-provisioner",
+    <main>
+      <section>
+        <h1>This view cannot be shown</h1>
+        <p id="refusal">{message}</p>
+        <p>
+          <a href="/">The whole mesh</a>
+        </p>
+      </section>
+    </main>,
   );
 }
