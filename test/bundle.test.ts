@@ -5,7 +5,7 @@ import { promisify } from "node:util";
 import { connect } from "nats";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
-import { request, ROOT, SHIPPED_FUNCTIONS } from "./helpers.ts";
+import { killGroups, request, ROOT, SHIPPED_FUNCTIONS } from "./helpers.ts";
 
 const run = promisify(execFile);
 
@@ -77,15 +77,7 @@ beforeAll(() => {
   dir = copyProject();
 });
 afterEach(() => {
-  for (const child of groups.splice(0)) {
-    if (child.exitCode === null && child.signalCode === null) {
-      try {
-        process.kill(-child.pid!, "SIGKILL");
-      } catch {
-        // the group is gone already
-      }
-    }
-  }
+  killGroups(groups);
 });
 afterAll(() => {
   const marker = join(dir, ".state", "embedded.json");

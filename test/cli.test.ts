@@ -6,7 +6,7 @@ import { connect } from "nats";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { alive } from "../runtime/embedded.ts";
 import { findNatsServer, NatsServerMissing } from "../runtime/nats-server.ts";
-import { ROOT, SHIPPED_DIR, until } from "./helpers.ts";
+import { killGroups, ROOT, SHIPPED_DIR, until } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const run = promisify(execFile);
@@ -140,15 +140,7 @@ const groups: ChildProcess[] = [];
 const dirs: string[] = [];
 afterEach(() => {
   for (const child of children.splice(0)) if (child.exitCode === null) child.kill("SIGKILL");
-  for (const child of groups.splice(0)) {
-    if (child.exitCode === null && child.signalCode === null) {
-      try {
-        process.kill(-child.pid!, "SIGKILL");
-      } catch {
-        // the group is gone already
-      }
-    }
-  }
+  killGroups(groups);
 });
 afterAll(() => {
   for (const dir of dirs) {

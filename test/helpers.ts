@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
+import type { ChildProcess } from "node:child_process";
 import type { NatsConnection } from "nats";
 import { CONFIG_FILE, loadConfig, start, type Config, type Running } from "../runtime/index.ts";
 import { startTestBus, type TestBus, type TestBusOptions } from "../runtime/testing.ts";
@@ -98,5 +99,17 @@ export async function until(check: () => boolean | Promise<boolean>, timeoutMs =
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`not true within ${timeoutMs} ms: ${what}`);
     await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Kills with SIGKILL the process group of each child of `groups` still running (a failed test's), emptying the list. */
+export function killGroups(groups: ChildProcess[]): void {
+  for (const child of groups.splice(0)) {
+    if (child.exitCode !== null || child.signalCode !== null) continue;
+    try {
+      process.kill(-child.pid!, "SIGKILL");
+    } catch {
+      // the group is gone already
+    }
   }
 }
