@@ -259,8 +259,9 @@ function validKey(key: string): string {
  */
 export function writeBucket(kv: KV, js: JetStreamClient, bucket: string, nc?: NatsConnection): WriteBucket {
   const publish = nc === undefined ? undefined : publisherOf(nc);
+  // Every compare-and-set write's key checked here, as nats.js's KV would: some are published raw.
   const conflictOr = async <T>(key: string, write: () => Promise<T>): Promise<T> => {
-    checkedKey(bucket, key);
+    validKey(checkedKey(bucket, key));
     try {
       return await write();
     } catch (err) {
@@ -277,7 +278,7 @@ export function writeBucket(kv: KV, js: JetStreamClient, bucket: string, nc?: Na
         if (publish === undefined) return kv.put(key, value, { previousSeq: revision });
         const h = headers();
         h.set("Nats-Expected-Last-Subject-Sequence", `${revision}`);
-        return publish(`$KV.${bucket}.${validKey(key)}`, value, h);
+        return publish(`$KV.${bucket}.${key}`, value, h);
       }),
     put: (key: string, value: Uint8Array | string) => kv.put(checkedKey(bucket, key), value),
     // A KV delete is a message with `KV-Operation: DEL` (ADR-8); written here so it can carry a value.
