@@ -388,14 +388,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           deliveries: m.info.redeliveryCount,
           storedAt: new Date(m.info.timestampNanos / 1e6),
         } as const;
-        const before = succeeded.get(m.seq);
-        if (matched.length === 1 && before === undefined) {
-          // One trigger, not run yet: the usual case, without the bookkeeping of several.
-          const outcome = await env.run(matched[0]!.fn, { data: m.data }, info);
-          // A refusal is acknowledged (the runner counted it); a fault comes again.
-          return outcome.ok || outcome.error.code < 500 ? ack(m) : m.nak(backoff(m.info.redeliveryCount));
-        }
-        const done = before ?? new Set<string>();
+        const done = succeeded.get(m.seq) ?? new Set<string>();
         const outcomes = await Promise.all(
           matched.filter((t) => !done.has(t.key)).map(async (t) => ({ t, outcome: await env.run(t.fn, { data: m.data }, info) })),
         );
