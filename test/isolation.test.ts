@@ -196,7 +196,10 @@ function attacks(where: string, open: () => Promise<Mesh>) {
     it("keeps every legitimate path: a node's own keys with the standard key-value API, a provider's events, the verbs", async () => {
       // nats.js's standard key-value API: no option beyond the inbox prefix the connection has.
       const needs = await alder.jetstream().views.kv(NEEDS);
-      await needs.put("alder.zsh.shell.zsh/normal", '{"placeholder":"${shell:zsh:normal}"}');
+      const revision = await needs.put("alder.zsh.shell.zsh/normal", '{"placeholder":"${shell:zsh:normal}"}');
+      // Any replica answers a direct get, one that has not applied the put yet among them
+      // (docs/buckets.md §2.4): the node reads its key back as a client would, until it is there.
+      await until(async () => (await needs.get("alder.zsh.shell.zsh/normal"))?.revision === revision, 5_000, "alder's put read back");
       expect((await needs.get("alder.zsh.shell.zsh/normal"))?.string()).toBe('{"placeholder":"${shell:zsh:normal}"}');
       const registry = await alder.jetstream().views.kv(REGISTRY);
       expect(JSON.parse((await registry.get("port"))!.string()).module).toBe("mesh-controller");
