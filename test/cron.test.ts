@@ -36,6 +36,10 @@ describe("cron schedules (docs/runtime.md §6.3.3)", () => {
       utc("2026-03-29T02:00:00Z"),
       utc("2026-03-29T03:00:00Z"),
     ]);
+    expect(runs(scheduleOf({ cron: "0 3 * * *" }), 2, "2026-10-24T12:00:00Z")).toEqual([
+      utc("2026-10-25T03:00:00Z"),
+      utc("2026-10-26T03:00:00Z"),
+    ]);
   });
 
   it("run in the time zone a trigger names", () => {
