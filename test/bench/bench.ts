@@ -25,6 +25,7 @@ import {
   askEcho,
   askVerb,
   collectsOf,
+  emptyFigures,
   fill,
   latency,
   line,
@@ -86,6 +87,11 @@ async function main(bench: BenchBus) {
 
   // The set asserts the buckets and streams; the bench then fills them as node clients would.
   let set = await startSet();
+  // 0. The set on its empty buckets: RSS and spawn-to-ready, against Node's bare start.
+  await stopChild(set.process);
+  const empty = await emptyFigures(bench, IDLE_MS);
+  set = empty.set;
+  const emptyStart = empty.figures.processSpawnToReadyMs / (empty.figures.readyMs + empty.figures.bareNodeStartMs);
   const echo = await bench.startEcho();
   const needs = await kv("needs");
 
@@ -314,8 +320,11 @@ async function main(bench: BenchBus) {
       rssAfterStateRequestsBytes: rssAfterStateRequests,
     },
     startToReady: { ...started.figures, buckets: bench.viewed },
+    empty: empty.figures,
   };
   const targets = [
+    ["empty set: RSS (MB)", empty.figures.rssBytes / 1e6, "≤ 75", empty.figures.rssBytes / 1e6 <= 75],
+    ["empty set: spawn-to-ready / (start-to-ready + Node's bare start)", emptyStart, "≤ 1.2", emptyStart <= 1.2],
     ["narrowed 100k: verb p50 / echo p50", verb100k / echo100k, "≤ 3", verb100k / echo100k <= 3],
     ["narrowed 100k: verb p50 / raw-filter p50", verb100k / raw100k, "≤ 0.1", verb100k / raw100k <= 0.1],
     ["verb p50 100k / verb p50 1k", verb100k / verb1k, "≤ 1.5", verb100k / verb1k <= 1.5],
@@ -323,7 +332,7 @@ async function main(bench: BenchBus) {
     ["32 requesters: verb / echo requests/s", verbRps / echoRps, "≥ 0.5", verbRps / echoRps >= 0.5],
     ["events/s: follower / bare ack loop", followerRate / loopRate, "≥ 0.5", followerRate / loopRate >= 0.5],
     ["(events/s: put-then-ack loop / bare ack loop)", storeRate / loopRate, "-", true],
-    ["(events/s: follower / put-then-ack loop)", followerRate / storeRate, "-", true],
+    ["events/s: follower / put-then-ack loop", followerRate / storeRate, "≥ 0.8", followerRate / storeRate >= 0.8],
     ["RSS of the running set (MB)", rss / 1e6, "≤ 300", rss / 1e6 <= 300],
     [
       "state of one node p50 / echo p50",
@@ -355,6 +364,10 @@ async function main(bench: BenchBus) {
   ] as const;
 
   const rows: [string, string][] = [
+    [
+      "empty set: spawn-to-ready · start-to-ready · Node's bare start (medians) · RSS after 10 s idle",
+      `${Math.round(empty.figures.processSpawnToReadyMs)} ms · ${empty.figures.readyMs} ms · ${Math.round(empty.figures.bareNodeStartMs)} ms · ${(empty.figures.rssBytes / 1e6).toFixed(0)} MB`,
+    ],
     ["echo p50 (1k · 100k)", `${ms(at1k.echo!.p50)} · ${ms(echo100k)}`],
     ["raw-filter p50, 10 keys (1k · 100k)", `${ms(at1k["raw-filter 1k"]!.p50)} · ${ms(raw100k)}`],
     ["verb p50, 10 keys (1k · 100k)", `${ms(verb1k)} · ${ms(verb100k)}`],

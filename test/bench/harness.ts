@@ -217,6 +217,71 @@ export interface StartFigures {
 }
 
 /**
+ * Starts the set `runs` times (the one before stopped each time): each start's `ready in` and
+ * the time from spawn to that line, in milliseconds. Resolves with them and the set left running.
+ */
+async function starts(bench: BenchBus, runs = 3): Promise<{ readyRuns: number[]; spawnRuns: number[]; set: Started }> {
+  const readyRuns: number[] = [];
+  const spawnRuns: number[] = [];
+  let set: Started | undefined;
+  for (let i = 0; i < runs; i++) {
+    if (set !== undefined) await bench.stopChild(set.process);
+    const spawned = performance.now();
+    set = await bench.startSet();
+    spawnRuns.push(performance.now() - spawned);
+    readyRuns.push(Number(/ready in (\d+) ms/.exec(set.line)![1]));
+  }
+  return { readyRuns, spawnRuns, set: set! };
+}
+
+/** Node's bare start: from spawning `node -e 'console.log("ready")'` to that line, 5 times; each in milliseconds. */
+async function bareStarts(bench: BenchBus): Promise<number[]> {
+  const runs: number[] = [];
+  for (let i = 0; i < 5; i++) {
+    const spawned = performance.now();
+    const bare = await bench.child(["-e", 'console.log("ready")'], {}, /^ready$/);
+    runs.push(performance.now() - spawned);
+    await bench.stopChild(bare.process);
+  }
+  return runs;
+}
+
+/** The set started on empty buckets, against Node's bare start (docs/scale.md §11.2), in milliseconds and bytes. */
+export interface EmptyFigures {
+  readonly readyMs: number;
+  readonly readyRuns: number[];
+  readonly processSpawnToReadyMs: number;
+  readonly spawnRuns: number[];
+  readonly bareNodeStartMs: number;
+  readonly bareRuns: number[];
+  /** The set's RSS after `idleMs` idle, its last start. */
+  readonly rssBytes: number;
+  readonly idleMs: number;
+}
+
+/**
+ * With the set stopped and its buckets asserted but empty: Node's bare start 5 times, then the
+ * set started 3 times (stopped between), then its RSS after `idleMs` idle. Medians; resolves
+ * with the figures and the set left running.
+ */
+export async function emptyFigures(bench: BenchBus, idleMs: number): Promise<{ figures: EmptyFigures; set: Started }> {
+  const bareRuns = await bareStarts(bench);
+  const { readyRuns, spawnRuns, set } = await starts(bench);
+  await new Promise((r) => setTimeout(r, idleMs));
+  const figures = {
+    readyMs: median(readyRuns),
+    readyRuns,
+    processSpawnToReadyMs: median(spawnRuns),
+    spawnRuns,
+    bareNodeStartMs: median(bareRuns),
+    bareRuns,
+    rssBytes: rssOf(set.process.pid!),
+    idleMs,
+  };
+  return { figures, set };
+}
+
+/**
  * With the set stopped, one unfiltered `kv.watch` read of each bucket it views, one after another,
  * 3 times; then the set started 3 times (stopped between): its `ready in` and the time from spawn
  * to that line. Resolves with the figures and the set left running.
@@ -228,18 +293,9 @@ export async function startFigures(bench: BenchBus): Promise<{ figures: StartFig
     for (const name of bench.viewed) await watchRead(await bench.kv(name));
     readAllRuns.push(performance.now() - t);
   }
-  const readyRuns: number[] = [];
-  const spawnRuns: number[] = [];
-  let set: Started | undefined;
-  for (let i = 0; i < 3; i++) {
-    if (set !== undefined) await bench.stopChild(set.process);
-    const spawned = performance.now();
-    set = await bench.startSet();
-    spawnRuns.push(performance.now() - spawned);
-    readyRuns.push(Number(/ready in (\d+) ms/.exec(set.line)![1]));
-  }
+  const { readyRuns, spawnRuns, set } = await starts(bench);
   return {
-    set: set!,
+    set,
     figures: {
       readyMs: median(readyRuns),
       readyRuns,

@@ -44,7 +44,7 @@ export async function child(args: string[], env: NodeJS.ProcessEnv, ready: RegEx
 
 /** Stops a child with SIGTERM and resolves once it exited. */
 export async function stopChild(proc: ChildProcess): Promise<void> {
-  if (proc.exitCode !== null) return;
+  if (proc.exitCode !== null || proc.signalCode !== null) return;
   const exited = new Promise((r) => proc.once("exit", r));
   proc.kill("SIGTERM");
   await exited;
