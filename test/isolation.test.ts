@@ -199,8 +199,17 @@ function attacks(where: string, open: () => Promise<Mesh>) {
       const revision = await needs.put("alder.zsh.shell.zsh/normal", '{"placeholder":"${shell:zsh:normal}"}');
       // Any replica answers a direct get, one that has not applied the put yet among them
       // (docs/buckets.md §2.4): the node reads its key back as a client would, until it is there.
-      await until(async () => (await needs.get("alder.zsh.shell.zsh/normal"))?.revision === revision, 5_000, "alder's put read back");
-      expect((await needs.get("alder.zsh.shell.zsh/normal"))?.string()).toBe('{"placeholder":"${shell:zsh:normal}"}');
+      const read: { value?: string } = {};
+      await until(
+        async () => {
+          const entry = await needs.get("alder.zsh.shell.zsh/normal");
+          read.value = entry?.string();
+          return entry?.revision === revision;
+        },
+        5_000,
+        "alder's put read back",
+      );
+      expect(read.value).toBe('{"placeholder":"${shell:zsh:normal}"}');
       const registry = await alder.jetstream().views.kv(REGISTRY);
       expect(JSON.parse((await registry.get("port"))!.string()).module).toBe("mesh-controller");
       expect(JSON.parse((await (await keycloak.jetstream().views.kv(NEEDS)).get("birch.gitea.config.app_name"))!.string())).toBe(
