@@ -378,7 +378,7 @@ async function main(bench: BenchBus) {
     ],
     ["registry compile, steady (p50)", ms(compiles["registry compile"]!.p50)],
     [
-      `${follower.events.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop`,
+      `${follower.events.toLocaleString("en-US")} events: follower · bare ack loop · put-then-ack loop (medians of 3 runs)`,
       `${Math.round(followerRate)} · ${Math.round(loopRate)} · ${Math.round(storeRate)} events/s`,
     ],
     ["RSS of the set: 100k needs, 10k applied, 10k collect", `${(rss / 1e6).toFixed(0)} MB`],
