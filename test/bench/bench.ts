@@ -34,6 +34,7 @@ import {
   ms,
   needsOf,
   openBench,
+  pageThrough,
   printTables,
   PER_MODULE,
   rssOf,
@@ -193,15 +194,8 @@ async function main(bench: BenchBus) {
   let statePages = 0;
   for (let i = 0; i < 3; i++) {
     const t = performance.now();
-    let count = 0;
-    let cursor: string | undefined;
-    statePages = 0;
-    do {
-      const page = await askVerb(nc, { what: "state", limit: 10_000, ...(cursor ? { cursor } : {}) });
-      count += page.entries.length;
-      cursor = page.next;
-      statePages++;
-    } while (cursor !== undefined);
+    let count: number;
+    ({ entries: count, pages: statePages } = await pageThrough(nc, "state"));
     statePagedRuns.push(performance.now() - t);
     if (count !== NODES * MODULES) throw new Error(`the state pages held ${count} modules`);
   }

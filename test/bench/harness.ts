@@ -307,6 +307,20 @@ export async function startFigures(bench: BenchBus): Promise<{ figures: StartFig
   };
 }
 
+/** Every entry of `what` through the verb's pages (`limit` 10,000) until no `next`: how many entries, in how many pages. */
+export async function pageThrough(nc: NatsConnection, what: string): Promise<{ entries: number; pages: number }> {
+  let entries = 0;
+  let pages = 0;
+  let cursor: string | undefined;
+  do {
+    const page = await askVerb(nc, { what, limit: 10_000, ...(cursor ? { cursor } : {}) });
+    entries += page.entries.length;
+    cursor = page.next;
+    pages++;
+  } while (cursor !== undefined);
+  return { entries, pages };
+}
+
 /**
  * Every key of needs through the verb's pages (`limit` 10,000) until no `next`, against one
  * unfiltered watch of the bucket, 3 times each; medians in milliseconds. Throws when either read
@@ -322,15 +336,8 @@ export async function pagesFigures(
   let pages = 0;
   for (let i = 0; i < 3; i++) {
     let t = performance.now();
-    let n = 0;
-    let cursor: string | undefined;
-    pages = 0;
-    do {
-      const page = await askVerb(nc, { what: "needs", limit: 10_000, ...(cursor ? { cursor } : {}) });
-      n += page.entries.length;
-      cursor = page.next;
-      pages++;
-    } while (cursor !== undefined);
+    let n: number;
+    ({ entries: n, pages } = await pageThrough(nc, "needs"));
     pagedRuns.push(performance.now() - t);
     if (n !== keys) throw new Error(`the pages held ${n} keys, not ${keys}`);
     t = performance.now();
