@@ -4,13 +4,150 @@
  * differ refuse start, saying each difference with the command that would mend it), and the
  * server-version warning for replicated buckets (docs/buckets.md §2.4).
  */
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type JetStreamManager, type KV, type NatsConnection } from "nats";
+import {
+  DiscardPolicy,
+  ErrorCode,
+  nanos,
+  RetentionPolicy,
+  StorageType,
+  type JetStreamManager,
+  type KV,
+  type NatsConnection,
+  type StreamConfig,
+  type StreamInfo,
+} from "nats";
+import pRetry, { AbortError } from "p-retry";
 import type { Logger } from "pino";
 import { CLAIM_DAYS, claimsBucket, recordsBucket, type BucketConfig, type Config } from "./config.ts";
 
 /** The runtime's own buckets among the opened ones; no config name can be these. */
 export const RECORDS = "<runtime>";
 export const CLAIMS = "<claims>";
+
+/** JetStream's error codes (`err_code`, nats-server's errors.json) that asserting tells apart. */
+const CLUSTER_NOT_AVAILABLE = 10008; // "JetStream system temporarily unavailable": no meta leader yet
+const NOT_ENABLED_FOR_ACCOUNT = 10039;
+const NOT_ENABLED = 10076;
+const STREAM_NAME_IN_USE = 10058; // made meanwhile, with another config
+export const STREAM_NOT_FOUND = 10059;
+export const CONSUMER_NOT_FOUND = 10014;
+
+/** The JetStream error code of a failed API request; `undefined` when the server said none (no answer, no responders). */
+export const errCode = (err: unknown): number | undefined => (err as { api_error?: { err_code?: number } }).api_error?.err_code;
+
+/**
+ * What a failed JetStream API request says: the server's description when it gave one (nats.js
+ * says only `503` for some), else the error's message.
+ */
+export const reasonOf = (err: unknown): string =>
+  (err as { api_error?: { description?: string } }).api_error?.description ?? (err as Error).message;
+
+/**
+ * Whether a JetStream API request failed for what passes by itself while a cluster starts or
+ * elects a leader: no answer within the request's timeout, no responders, or JetStream
+ * "temporarily unavailable" (err_code 10008).
+ */
+function electing(err: unknown): boolean {
+  const { code, api_error } = err as { code?: string; api_error?: unknown };
+  if (code === ErrorCode.Timeout) return true;
+  if (code === ErrorCode.NoResponders && api_error === undefined) return true;
+  return errCode(err) === CLUSTER_NOT_AVAILABLE;
+}
+
+/** How long asserting one bucket, stream or durable is tried again while the cluster cannot answer it, in milliseconds. */
+export const ASSERT_RETRY_MS = 30_000;
+
+/** How {@link retryElecting} asks again. */
+export interface RetryOptions {
+  readonly log: Logger;
+  /** What is asked (`{ stream }`, `{ stream, durable }`), in each retry's `debug` line. */
+  readonly about: Record<string, unknown>;
+  /** When to give up, in ms since the epoch: {@link ASSERT_RETRY_MS} from now by default; one given to several requests bounds them all. */
+  readonly deadline?: number;
+  /** What else passes by itself here (a stream just made, whose group has no leader yet, may be said not found). */
+  readonly alsoWhile?: (err: unknown) => boolean;
+}
+
+/**
+ * Runs `attempt` (a JetStream API request) until it resolves, again after 0.2 s doubling to 2 s
+ * (jittered) while it fails as {@link electing} or `alsoWhile` says, until the deadline. Throws
+ * any other failure at once, and one past the deadline as `<its message> (still so after <n> s
+ * of asking again)`.
+ */
+export function retryElecting<T>(attempt: () => Promise<T>, options: RetryOptions): Promise<T> {
+  const { log, about, deadline = Date.now() + ASSERT_RETRY_MS, alsoWhile = () => false } = options;
+  const began = Date.now();
+  return pRetry(
+    async () => {
+      try {
+        return await attempt();
+      } catch (err) {
+        if (!electing(err) && !alsoWhile(err)) throw new AbortError(err as Error);
+        if (Date.now() < deadline) throw err;
+        const last = `${reasonOf(err)} (still so after ${Math.round((Date.now() - began) / 1000)} s of asking again)`;
+        throw new AbortError(Object.assign(new Error(last, { cause: err }), { code: (err as { code?: string }).code }));
+      }
+    },
+    {
+      retries: 1000,
+      minTimeout: 200,
+      maxTimeout: 2000,
+      randomize: true,
+      onFailedAttempt: (err) =>
+        log.debug({ ...about, err: reasonOf(err), attempt: err.attemptNumber }, "JetStream cannot answer yet; asking again"),
+    },
+  );
+}
+
+/** A stream's info answered while its group has no leader (by a member, from what it holds). */
+class Leaderless extends Error {
+  override readonly name = "Leaderless";
+}
+
+/**
+ * The info of stream `name`, asked again until the deadline ({@link retryElecting}). `undefined`
+ * when the server says it is not there, unless `exists` (it was just made, or found): then that
+ * is asked again too, as is an info without a leader, so what it returns comes from the stream's
+ * leader.
+ */
+function streamInfo(jsm: JetStreamManager, name: string, log: Logger, deadline: number, exists: true): Promise<StreamInfo>;
+function streamInfo(jsm: JetStreamManager, name: string, log: Logger, deadline: number): Promise<StreamInfo | undefined>;
+function streamInfo(jsm: JetStreamManager, name: string, log: Logger, deadline: number, exists = false): Promise<StreamInfo | undefined> {
+  const attempt = async () => {
+    const info = await jsm.streams.info(name);
+    if (exists && leaderless(info)) throw new Leaderless(`stream ${name} has no leader`);
+    return info;
+  };
+  const alsoWhile = (err: unknown) => exists && (err instanceof Leaderless || errCode(err) === STREAM_NOT_FOUND);
+  return retryElecting(attempt, { log, about: { stream: name }, deadline, alsoWhile }).catch((err: unknown) => {
+    if (!exists && errCode(err) === STREAM_NOT_FOUND) return undefined;
+    throw err;
+  });
+}
+
+/** Whether a stream's info says its group has no leader now (a standalone server is its streams' leader). */
+const leaderless = (info: StreamInfo): boolean => info.cluster !== undefined && !info.cluster.leader;
+
+/**
+ * Makes the stream `config` says, and returns its info from its leader. One made meanwhile by
+ * another replica or the controller is returned as it is (the server answers with its info when
+ * the config is the same; `stream name already in use` when it is another: then read). Asked
+ * again until `deadline` ({@link retryElecting}).
+ */
+async function addStream(
+  jsm: JetStreamManager,
+  config: Partial<StreamConfig> & { name: string },
+  log: Logger,
+  deadline: number,
+): Promise<StreamInfo> {
+  const made = await retryElecting(() => jsm.streams.add(config), { log, about: { stream: config.name }, deadline }).catch(
+    (err: unknown) => {
+      if (errCode(err) === STREAM_NAME_IN_USE) return undefined;
+      throw err;
+    },
+  );
+  return made === undefined || leaderless(made) ? streamInfo(jsm, config.name, log, deadline, true) : made;
+}
 
 /** The settings of a bucket's or stream's stream that the config decides, as JetStream says them. */
 interface StreamSettings {
@@ -59,20 +196,40 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
  * `maxBytes`, refusing rollup headers (so no writer can erase keys it was not granted); an
  * existing one is never emptied nor changed: when those settings differ, this throws saying each
  * difference of every bucket, having created none; a node-written one that still takes rollups
- * gets a warning. Returns the opened buckets by config name (reads go to the stream's leader when
- * it has replicas: a follower may lag); throws naming the bucket when the server refuses.
+ * gets a warning. Safe while other replicas of the set assert the same on a cluster still
+ * electing its leaders: requests are asked again as {@link retryElecting} says, and a bucket
+ * made meanwhile is compared as one found. Returns the opened buckets by config name (reads go
+ * to the stream's leader when it has replicas: a follower may lag); throws naming the bucket,
+ * with the server's last reason, when the server refuses or does not answer for
+ * {@link ASSERT_RETRY_MS}, and saying so when the server or the seat's account has no JetStream.
  */
 export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
-  const jsm = await nc.jetstreamManager().catch((err: { code?: string; message: string }) => {
-    // No responder to `$JS.API.INFO`: the server, or the seat's account, has no JetStream.
-    if (err.code !== "503") throw err;
-    throw new Error(
-      `JetStream is off on ${nc.getServer()} for the seat's account: start nats-server with --jetstream, or put ` +
-        "`jetstream { store_dir: … }` in its configuration (and `jetstream: enabled` in the seat's account when it has accounts)",
-      { cause: err },
-    );
+  const server = nc.getServer();
+  // One deadline for every request: the whole assertion gives up after ASSERT_RETRY_MS.
+  const deadline = Date.now() + ASSERT_RETRY_MS;
+  const jsm = await nc.jetstreamManager({ checkAPI: false });
+  const account = await retryElecting(
+    () =>
+      jsm.getAccountInfo().catch((err: { code?: string }) => {
+        // No responder to `$JS.API.INFO`, or the server saying JetStream is not enabled: off. Not
+        // "temporarily unavailable", as a cluster with no meta leader yet says.
+        const code = errCode(err);
+        const off = code === undefined ? err.code === ErrorCode.NoResponders : code === NOT_ENABLED_FOR_ACCOUNT || code === NOT_ENABLED;
+        if (off) return undefined;
+        throw err;
+      }),
+    { log, about: { server }, deadline },
+  ).catch((err: Error) => {
+    throw new Error(`cannot reach JetStream on ${server}: ${reasonOf(err)}`, { cause: err });
   });
-  const js = nc.jetstream();
+  if (account === undefined) {
+    throw new Error(
+      `JetStream is off on ${server} for the seat's account: start nats-server with --jetstream, or put ` +
+        "`jetstream { store_dir: … }` in its configuration (and `jetstream: enabled` in the seat's account when it has accounts)",
+    );
+  }
+  // Opening a bucket asks nothing of the server: whether JetStream is on was just asked.
+  const js = nc.jetstream({ checkAPI: false });
   const all: [string, BucketConfig][] = [
     ...Object.entries(config.buckets),
     [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
@@ -84,19 +241,22 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
     max_age: maxAgeSeconds === undefined ? 0 : nanos(maxAgeSeconds * 1000),
     max_bytes: maxBytes ?? -1,
   });
+  const differs = (bucket: string, info: StreamInfo, settings: BucketConfig) => {
+    const said = settingsDiffer(`KV_${bucket}`, info.config, wanted(settings));
+    return said && `bucket ${bucket} exists with other settings than the config: ${said}`;
+  };
   // First every bucket as it is: nothing is created while one of them differs from the config.
   const found = await Promise.all(
     all.map(async ([, { bucket }]) =>
-      jsm.streams.info(`KV_${bucket}`).catch((err: Error) => {
-        if (err.message === "stream not found") return undefined;
-        throw new Error(`cannot assert bucket ${bucket}: ${err.message}`, { cause: err });
+      streamInfo(jsm, `KV_${bucket}`, log, deadline).catch((err: Error) => {
+        throw new Error(`cannot assert bucket ${bucket}: ${reasonOf(err)}`, { cause: err });
       }),
     ),
   );
   const differ = all.flatMap(([, settings], i) => {
     const info = found[i];
-    const said = info && settingsDiffer(`KV_${settings.bucket}`, info.config, wanted(settings));
-    return said ? [`bucket ${settings.bucket} exists with other settings than the config: ${said}`] : [];
+    const said = info && differs(settings.bucket, info, settings);
+    return said ? [said] : [];
   });
   if (differ.length > 0) throw new Error(differ.join("\n"));
 
@@ -113,20 +273,33 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
     all.map(async ([name, settings], i) => {
       const { bucket, writtenBy } = settings;
       let info = found[i];
-      try {
-        info ??= await jsm.streams.add({
-          name: `KV_${bucket}`,
-          subjects: [`$KV.${bucket}.>`],
-          retention: RetentionPolicy.Limits,
-          storage: StorageType.File,
-          discard: DiscardPolicy.New,
-          allow_direct: true,
-          deny_delete: true,
-          allow_rollup_hdrs: false,
-          ...wanted(settings),
+      if (info === undefined) {
+        info = await addStream(
+          jsm,
+          {
+            name: `KV_${bucket}`,
+            subjects: [`$KV.${bucket}.>`],
+            retention: RetentionPolicy.Limits,
+            storage: StorageType.File,
+            discard: DiscardPolicy.New,
+            allow_direct: true,
+            deny_delete: true,
+            allow_rollup_hdrs: false,
+            ...wanted(settings),
+          },
+          log,
+          deadline,
+        ).catch((err: Error) => {
+          throw new Error(`cannot assert bucket ${bucket}: ${reasonOf(err)}`, { cause: err });
         });
-      } catch (err) {
-        throw new Error(`cannot assert bucket ${bucket}: ${(err as Error).message}`, { cause: err });
+        // Made meanwhile by another replica or the controller, with other settings.
+        const said = differs(bucket, info, settings);
+        if (said) throw new Error(said);
+      } else if (leaderless(info)) {
+        // Found as a member holds it: used once its leader answers.
+        info = await streamInfo(jsm, `KV_${bucket}`, log, deadline, true).catch((err: Error) => {
+          throw new Error(`cannot assert bucket ${bucket}: ${reasonOf(err)}`, { cause: err });
+        });
       }
       if (writtenBy === "nodes" && info.config.allow_rollup_hdrs) {
         log.warn({ bucket }, "bucket takes rollup headers: a node could erase other nodes' keys");
@@ -142,44 +315,57 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
  * Asserts the streams event triggers name (`subjects`: stream config name → the subjects it
  * must capture): a missing one is created limits-based (file storage, `maxAgeSeconds`,
  * `maxBytes`, the oldest dropped first, `replicas` copies: the stream's, else the config's); an
- * existing one is given the subjects it lacks, never emptied nor given other limits. Throws
- * naming the stream when the server refuses (e.g. subjects another stream already captures), or
- * saying each difference when the existing one has other replicas or limits.
+ * existing one is given the subjects it lacks, never emptied nor given other limits. Safe while
+ * other replicas assert the same, as {@link assertBuckets}. Returns each stream's info as it
+ * stands, by config name. Throws naming the stream when the server refuses (e.g. subjects
+ * another stream already captures) or does not answer for {@link ASSERT_RETRY_MS}, or saying
+ * each difference when the existing one has other replicas or limits.
  */
 export async function assertStreams(
   jsm: JetStreamManager,
   config: Config,
   subjectsByStream: ReadonlyMap<string, readonly string[]>,
   log: Logger,
-): Promise<void> {
+): Promise<Map<string, StreamInfo>> {
+  const asserted = new Map<string, StreamInfo>();
+  const deadline = Date.now() + ASSERT_RETRY_MS;
   for (const [name, subjects] of subjectsByStream) {
     const { stream, maxAgeSeconds, maxBytes, replicas = config.replicas } = config.streams[name]!;
     const wanted = { num_replicas: replicas, max_age: nanos(maxAgeSeconds * 1000), max_bytes: maxBytes };
     try {
-      const info = await jsm.streams.info(stream).catch((err: Error) => {
-        if (err.message !== "stream not found") throw err;
+      let info = await streamInfo(jsm, stream, log, deadline);
+      if (info === undefined) {
         log.info({ stream, subjects }, "creating stream");
-        return jsm.streams.add({
-          name: stream,
-          subjects: [...subjects],
-          retention: RetentionPolicy.Limits,
-          storage: StorageType.File,
-          discard: DiscardPolicy.Old,
-          // Publish ids are remembered 2 minutes, never longer than a message is kept.
-          duplicate_window: nanos(Math.min(120, maxAgeSeconds) * 1000),
-          ...wanted,
-        });
-      });
+        info = await addStream(
+          jsm,
+          {
+            name: stream,
+            subjects: [...subjects],
+            retention: RetentionPolicy.Limits,
+            storage: StorageType.File,
+            discard: DiscardPolicy.Old,
+            // Publish ids are remembered 2 minutes, never longer than a message is kept.
+            duplicate_window: nanos(Math.min(120, maxAgeSeconds) * 1000),
+            ...wanted,
+          },
+          log,
+          deadline,
+        );
+      } else if (leaderless(info)) {
+        info = await streamInfo(jsm, stream, log, deadline, true);
+      }
       // Other limits could drop events not handled yet: said, never applied.
       const differs = settingsDiffer(stream, info.config, { ...wanted, max_msgs_per_subject: info.config.max_msgs_per_subject });
       if (differs !== undefined) throw new Error(`it exists with other settings than the config: ${differs}`);
-      const missing = subjects.filter((s) => !info.config.subjects.includes(s));
+      const missing = subjects.filter((s) => !info!.config.subjects.includes(s));
       if (missing.length > 0) {
         log.info({ stream, missing }, "adding subjects to the stream");
-        await jsm.streams.update(stream, { ...info.config, subjects: [...info.config.subjects, ...missing] });
+        const update = { ...info.config, subjects: [...info.config.subjects, ...missing] };
+        info = await retryElecting(() => jsm.streams.update(stream, update), { log, about: { stream }, deadline });
       }
+      asserted.set(name, info);
     } catch (err) {
-      const message = (err as Error).message;
+      const message = reasonOf(err);
       // The server cannot reserve the stream's bytes: say which setting asks for them.
       const reserve = /insufficient|resources/i.test(message)
         ? ` (the config's streams.${name}.maxBytes asks the server to reserve ${maxBytes} bytes: lower it, or give JetStream more storage)`
@@ -187,4 +373,5 @@ export async function assertStreams(
       throw new Error(`cannot assert stream ${stream} (for ${subjects.join(", ")}): ${message}${reserve}`, { cause: err });
     }
   }
+  return asserted;
 }

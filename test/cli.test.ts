@@ -1,5 +1,6 @@
 import { execFile, spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { connect } from "nats";
@@ -123,6 +124,22 @@ function startCli(config: string, options: StartOptions = {}): Promise<Started> 
     });
     void exited.then((code) => reject(new Error(`${command} exited (${code}): ${err}${out}`)));
   });
+}
+
+/** The pids of the nats-servers running on the state folder of the project folder `dir`. */
+function natsServersOf(dir: string): number[] {
+  const conf = join(dir, "state", "nats-server.conf");
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((pid) => {
+      try {
+        const args = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+        return args[0]!.endsWith("nats-server") && args.includes(conf);
+      } catch {
+        return false; // gone meanwhile
+      }
+    })
+    .map(Number);
 }
 
 /** The `msg` of each JSON log line of a process's stdout, from its line `started` on. */
@@ -346,6 +363,36 @@ describe("the embedded default, end to end", () => {
     expect(result.stderr).toMatch(
       /^mesh-provisioner: .*wrangler-free\.config\.ts: http\.port: Invalid input: expected number, received string\n$/,
     );
+  });
+
+  it("exits 1 at once on an HTTP port in use, naming it and HTTP_PORT, with its nats-server stopped", async () => {
+    const busy = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", resolve));
+    const port = (busy.address() as AddressInfo).port;
+    const { dir, config } = project();
+    dirs.push(dir);
+    try {
+      const child = spawn("node", [BIN, "-c", config, "start"], {
+        env: cleanEnv({ HTTP_PORT: String(port), LOG_LEVEL: "info" }),
+        cwd: ROOT,
+        detached: true,
+      });
+      groups.push(child);
+      let out = "";
+      let err = "";
+      child.stdout.on("data", (d) => (out += d));
+      child.stderr.on("data", (d) => (err += d));
+      const exited = new Promise<number | string | null>((resolve) => child.once("close", (code, signal) => resolve(code ?? signal)));
+      // The bus is open and every kind before HTTP bound when HTTP finds its port taken: start stops what it opened.
+      await until(() => out.includes('"msg":"stopping"') || child.exitCode !== null);
+      const late = new Promise<string>((resolve) => setTimeout(resolve, 5000, "still running 5 s after `stopping`").unref());
+      expect(await Promise.race([exited, late])).toBe(1);
+      expect(err).toBe(`mesh-provisioner: HTTP port ${port} on 127.0.0.1 is in use: set HTTP_PORT to another port (0 picks a free one)\n`);
+      expect(natsServersOf(dir)).toEqual([]);
+      expect(existsSync(join(dir, "state", "embedded.json"))).toBe(false);
+    } finally {
+      busy.close();
+    }
   });
 });
 

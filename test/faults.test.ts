@@ -200,6 +200,72 @@ describe("a server back with an empty store", () => {
   }, 90_000);
 });
 
+describe("a durable made again, then the server back with an empty store", () => {
+  it("follows the new stream from its first message, and hands nothing twice while the stream stays the one it was", async () => {
+    const lost = await testBus();
+    const lines: { msg: string; reason?: string }[] = [];
+    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const running = await start({ config: lost.config, log });
+    const EVENTS = "mesh-provisioner_events";
+    const DURABLE = "mesh-provisioner-events";
+    try {
+      const connect = async () => ({ seat: await lost.connect(), keycloak: (await lost.connect("keycloak")).jetstream() });
+      let { seat, keycloak } = await connect();
+      const failing = (consumer: string) =>
+        keycloak.publish(
+          "keycloak.provisioner.failing",
+          JSON.stringify({ machine: "alder", consumer, word: "down", at: new Date().toISOString() }),
+        );
+      const followed = (consumer: string) => async () =>
+        (await request(seat, STATUS, { consumer }).catch(() => undefined))?.body.failing?.length === 1;
+      const runs = async () => {
+        const text = await (await fetch(`${running.httpUrl}/metrics`)).text();
+        return Number(/^function_runs_total\{function="provider-failing",trigger="event"\} (\S+)$/m.exec(text)?.[1] ?? 0);
+      };
+
+      await failing("before");
+      await until(followed("before"), 10_000, "the event before followed");
+      // Deleted behind the set's back: made again on the same stream, from the first event not acknowledged.
+      const jsm = await seat.jetstreamManager();
+      const floor = (await jsm.consumers.info(EVENTS, DURABLE)).ack_floor.stream_seq;
+      await until(
+        async () => (await jsm.consumers.delete(EVENTS, DURABLE).catch((e: Error) => /not found/.test(e.message))) === true,
+        5000,
+        "the durable consumer deleted",
+      );
+      await until(async () => (await jsm.consumers.info(EVENTS, DURABLE).catch(() => undefined)) !== undefined, 10_000, "made again");
+      expect((await jsm.consumers.info(EVENTS, DURABLE)).config.opt_start_seq).toBe(floor + 1);
+      await failing("between");
+      await until(followed("between"), 10_000, "the event between followed");
+      // The event handled before the delete was not handed again.
+      expect(await runs()).toBe(2);
+
+      // A disk lost: the stream is made anew and starts again at sequence 1, below where the durable was.
+      await lost.restart({ emptyStore: true });
+      const back = Date.now();
+      ({ seat, keycloak } = await connect());
+      // Published as soon as the set has made the stream again, as a provider asking again would.
+      const events = await seat.jetstreamManager();
+      await until(async () => (await events.streams.info(EVENTS).catch(() => undefined)) !== undefined, 15_000, "the stream made again");
+      await failing("after");
+      await until(followed("after"), 20_000, "the event published after the restart followed");
+      expect(Date.now() - back).toBeLessThan(30_000);
+      expect(await runs()).toBe(3);
+      expect(lines).toContainEqual(
+        expect.objectContaining({
+          msg: "the durable's sequences are another stream's; making it from the stream's first message",
+          reason: expect.stringMatching(/^the stream was made anew/),
+        }),
+      );
+      const made = await (await seat.jetstreamManager()).consumers.info(EVENTS, DURABLE);
+      expect(made.config.deliver_policy).toBe("all");
+    } finally {
+      await running.stop();
+      await lost.stop();
+    }
+  }, 90_000);
+});
+
 describe("a hung server (SIGSTOP)", () => {
   it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
     const hung = await testBus();

@@ -96,7 +96,8 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
             const scheduledAt = dueAt(schedule, due, new Date());
             due = scheduledAt;
             const claimed = await env.claim(fn.name, scheduledAt).catch((err: unknown) => {
-              env.log.warn({ function: fn.name, scheduledAt, err }, "scheduled run not claimed; skipped");
+              // NATS away or slow: the reason is enough, no stack to read.
+              env.log.warn({ function: fn.name, scheduledAt, err: (err as Error).message }, "scheduled run not claimed; skipped");
               return false;
             });
             if (!claimed) return;

@@ -8,16 +8,18 @@ import {
   ConsumerEvents,
   DeliverPolicy,
   nanos,
+  type ConsumerInfo,
   type ConsumerMessages,
   type JetStreamManager,
   type JsMsg,
   type NatsConnection,
+  type StreamInfo,
   type Subscription,
 } from "nats";
 import type { Logger } from "pino";
 import { z } from "zod";
 import type { Config } from "../config.ts";
-import { assertStreams } from "../assert.ts";
+import { ASSERT_RETRY_MS, assertStreams, CONSUMER_NOT_FOUND, errCode, reasonOf, retryElecting, STREAM_NOT_FOUND } from "../assert.ts";
 import { RESERVED, reserved, SUBJECT_PATTERN, subjectMatches } from "../subjects.ts";
 import type { StreamUse } from "../types.ts";
 import { bindingName, type Target, type TriggerKind } from "./kind.ts";
@@ -129,64 +131,80 @@ export function durables(
   });
 }
 
-/** A consumer's info, or `undefined` only when the server says it is not there; any other failure is thrown. */
-const consumerInfo = (jsm: JetStreamManager, stream: string, durable: string) =>
-  jsm.consumers.info(stream, durable).catch((err: Error) => {
-    if (err.message === "consumer not found") return undefined;
-    throw err;
-  });
+/** Whether the server said a stream is not there. */
+const streamNotFound = (err: unknown): boolean => errCode(err) === STREAM_NOT_FOUND;
 
 /**
- * Binds `durable` on `stream`: every message, explicit acknowledgement. Made when missing: from
- * stream sequence `from` when given (made again after being deleted), else from the first message
- * after the lowest acknowledgement floor of the `earlier` durables that exist (an earlier version's,
- * one per trigger), else from the oldest message. The `earlier` ones are then deleted, only once
- * `durable` exists: they are what it replaces, and it holds everything above their floors. It
- * takes every message of the stream, unfiltered: nats-server 2.9 counts a filtered consumer's
- * pending messages by scanning the stream at each delivery, which slows it as the stream grows. A
- * durable of that name made filtered is made again unfiltered, from the first message after its
- * acknowledgement floor: nothing is lost, and what it had acknowledged above the floor comes
- * again (handlers bear running twice).
+ * Binds `durable` on `stream` and returns its info as it then stands: every message, explicit
+ * acknowledgement. Made when missing: from the stream's first message when `from` is `"first"`
+ * (made again on a stream made anew), from stream sequence `from` when a number (made again
+ * after being deleted), else from the first message after the lowest acknowledgement floor of
+ * the `earlier` durables that exist (an earlier version's, one per trigger), else from the oldest
+ * message. The `earlier` ones are then deleted, only once `durable` exists: they are what it
+ * replaces, and it holds everything above their floors. It takes every message of the stream,
+ * unfiltered: nats-server 2.9 counts a filtered consumer's pending messages by scanning the
+ * stream at each delivery, which slows it as the stream grows. A durable of that name made
+ * filtered is made again unfiltered, from the first message after its acknowledgement floor:
+ * nothing is lost, and what it had acknowledged above the floor comes again (handlers bear
+ * running twice). Safe while other replicas bind it too: each request is asked again while the
+ * cluster elects a leader ({@link retryElecting}, {@link ASSERT_RETRY_MS} in all), and a durable
+ * another replica made meanwhile stands as that one made it. Throws the server's last reason.
  */
 async function bindDurable(
   jsm: JetStreamManager,
   { stream, durable, earlier }: { stream: string; durable: string; earlier: readonly string[] },
   ackWaitSeconds: number,
   log: Logger,
-  from?: number,
-): Promise<void> {
+  from?: number | "first",
+): Promise<ConsumerInfo> {
+  // The stream was just asserted or read: one said not found has a group without a leader yet.
+  const retry = { log, about: { stream, durable }, deadline: Date.now() + ASSERT_RETRY_MS, alsoWhile: streamNotFound };
+  const ask = <T>(request: () => Promise<T>) => retryElecting(request, retry);
+  /** A consumer's info, or `undefined` only when the server says it is not there. */
+  const info = (name: string) =>
+    ask(() => jsm.consumers.info(stream, name)).catch((err: unknown) => {
+      if (errCode(err) === CONSUMER_NOT_FOUND) return undefined;
+      throw err;
+    });
   const ackWait = nanos(ackWaitSeconds * 1000);
   const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
+  // Another replica may make it meanwhile (the server says `consumer name already in use` when its
+  // start differs): then it stands as that one made it.
   const add = (start: number | undefined) =>
-    jsm.consumers.add(
-      stream,
-      start === undefined
-        ? { ...config, deliver_policy: DeliverPolicy.All }
-        : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: start },
-    );
-  // Only a durable the server says is not there is made: any other failure (no answer while a
-  // leader is elected) is thrown, so an existing durable is never made again from elsewhere.
-  const existing = await consumerInfo(jsm, stream, durable);
-  const old =
-    from === undefined ? (await Promise.all(earlier.map((d) => consumerInfo(jsm, stream, d)))).filter((c) => c !== undefined) : [];
+    ask(() =>
+      jsm.consumers.add(
+        stream,
+        start === undefined
+          ? { ...config, deliver_policy: DeliverPolicy.All }
+          : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: start },
+      ),
+    ).catch(async (err: unknown) => (await info(durable)) ?? Promise.reject(err));
+  // Only a durable the server says is not there is made: any other failure is thrown, so an
+  // existing durable is never made again from elsewhere.
+  const existing = await info(durable);
+  const old = from === undefined ? (await Promise.all(earlier.map(info))).filter((c) => c !== undefined) : [];
+  let bound: ConsumerInfo;
   if (existing === undefined) {
-    const start = from ?? (old.length > 0 ? Math.min(...old.map((c) => c.ack_floor.stream_seq)) + 1 : undefined);
+    const floor = old.length > 0 ? Math.min(...old.map((c) => c.ack_floor.stream_seq)) + 1 : undefined;
+    const start = from === "first" ? undefined : (from ?? floor);
     if (old.length > 0) log.info({ stream, durable, from: start, earlier: old.map((c) => c.name) }, "one durable consumer for the stream");
-    // Another replica may have made it meanwhile: then it stands as that one made it.
-    await add(start).catch(async (err: Error) => {
-      if ((await consumerInfo(jsm, stream, durable)) === undefined) throw err;
-    });
+    bound = await add(start);
   } else if (existing.config.filter_subject) {
     const after = existing.ack_floor.stream_seq + 1;
     log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
-    await jsm.consumers.delete(stream, durable);
-    await add(after);
-  } else if (existing.config.ack_wait !== ackWait) {
-    // Replicas with other configs would change it back and forth: said, never applied.
-    log.warn(
-      { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
-      `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
-    );
+    await ask(() => jsm.consumers.delete(stream, durable)).catch((err: unknown) => {
+      if (errCode(err) !== CONSUMER_NOT_FOUND) throw err;
+    });
+    bound = await add(after);
+  } else {
+    bound = existing;
+    if (existing.config.ack_wait !== ackWait) {
+      // Replicas with other configs would change it back and forth: said, never applied.
+      log.warn(
+        { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
+        `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
+      );
+    }
   }
   for (const c of old) {
     // nats-server 2.9 may answer "directory not empty" while the consumer writes its state: asked
@@ -194,7 +212,7 @@ async function bindDurable(
     for (let attempt = 1; ; attempt++) {
       const failure = await jsm.consumers.delete(stream, c.name).then(
         () => undefined,
-        (err: Error) => (/not found/.test(err.message) ? undefined : err),
+        (err: unknown) => (errCode(err) === CONSUMER_NOT_FOUND ? undefined : (err as Error)),
       );
       if (failure === undefined) {
         log.info({ stream, durable: c.name, ackFloor: c.ack_floor.stream_seq }, "earlier durable consumer deleted");
@@ -207,6 +225,19 @@ async function bindDurable(
       await new Promise((r) => setTimeout(r, 200));
     }
   }
+  return bound;
+}
+
+/**
+ * Why the durable's stream sequences, up to `from - 1`, do not belong to the stream `info` says:
+ * it was made anew since `created` (a server back with an empty store, the stream deleted and
+ * made again), or its sequences went back; `undefined` when they do.
+ */
+function streamChanged(info: StreamInfo, created: string, from: number): string | undefined {
+  if (info.created !== created) return `the stream was made anew at ${info.created} (the durable followed the one made at ${created})`;
+  if (info.state.last_seq < from - 1)
+    return `the stream's last sequence is ${info.state.last_seq}, below ${from - 1} the durable had reached`;
+  return undefined;
 }
 
 /** How often the streams' use and the durables' progress are read, in milliseconds. */
@@ -311,18 +342,24 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
    * after {@link UNMATCHED_DELAY_MS}, for a replica with other functions (a rolling upgrade), and
    * is acknowledged at its {@link UNMATCHED_DELIVERIES}th delivery. Without a stream: a
    * subscription in the seat's queue group (what is published while the set is down is lost).
-   * Throws naming the stream or durable the server refuses.
+   * A durable found gone is made again from where this replica was, or from its stream's first
+   * message when the stream was made anew ({@link streamChanged}; docs/runtime.md §6.3.2).
+   * Throws naming the stream or durable the server refuses, or does not answer for
+   * {@link ASSERT_RETRY_MS} (docs/buckets.md §2.4).
    */
   async bind(targets, env) {
     if (targets.length === 0) return { stop: async () => {} };
     const { nc, config, log } = env;
-    const jsm = await nc.jetstreamManager();
-    await assertStreams(jsm, config, streamSubjects(targets), log);
+    // Whether JetStream is on was asked as the buckets were asserted.
+    const jsm = await nc.jetstreamManager({ checkAPI: false });
+    const asserted = await assertStreams(jsm, config, streamSubjects(targets), log);
+    /** Each durable's check of its stream as asserted again after a reconnect. */
+    const reasserted: ((streams: ReadonlyMap<string, StreamInfo>) => void)[] = [];
 
     const subscriptions: Subscription[] = [];
     const live = new Set<ConsumerMessages>();
     const loops: Promise<void>[] = [];
-    /** Durables found deleted, not made again yet: why the binding cannot serve. */
+    /** Durables found gone, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
     for (const { fn, trigger } of targets) {
@@ -341,14 +378,16 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       const { stream, durable } = held;
       const { ackWaitSeconds } = config.streams[held.name]!;
       const takers = targets.filter((t) => t.trigger.stream === held.name).map((t) => ({ ...t, key: bindingName(t.fn, t.index) }));
-      await bindDurable(jsm, held, ackWaitSeconds, log).catch((err: Error) => {
-        throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${err.message}`, { cause: err });
+      const bound = await bindDurable(jsm, held, ackWaitSeconds, log).catch((err: Error) => {
+        throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${reasonOf(err)}`, { cause: err });
       });
       // What this replica knows of the durable's progress, to make it again from there: the stream
-      // sequences handed to it and not acknowledged yet (in hand, or failed and waiting), and the
-      // highest it saw acknowledged.
+      // sequences handed to it and not acknowledged yet (in hand, or failed and waiting), the
+      // highest it saw acknowledged (the durable's floor as bound), and when the stream those are
+      // sequences of was made.
       const pending = new Set<number>();
-      let acked = (await jsm.consumers.info(stream, durable)).ack_floor.stream_seq;
+      let acked = bound.ack_floor.stream_seq;
+      let created = asserted.get(held.name)!.created;
       /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
       const succeeded = new Map<number, Set<string>>();
       // The messages of one pull start together and are acknowledged together (see turns).
@@ -404,14 +443,25 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         succeeded.delete(m.seq);
         ack(m);
       };
-      /** Consumes until stopped or until the durable is gone; says which. */
-      const consumeOnce = async (): Promise<"stopped" | "gone"> => {
-        const messages = await nc
-          .jetstream()
-          .consumers.get(stream, durable)
-          .then((c) => c.consume({ max_messages: BATCH, threshold_messages: REFILL }));
+      /** The consumption in hand; why it must be bound again, when the stream was found made anew behind it. */
+      let current: ConsumerMessages | undefined;
+      let streamLost: string | undefined;
+      /** Consumes until stopped (`undefined`) or until the durable must be bound again: says why. */
+      const consumeOnce = async (): Promise<string | undefined> => {
+        let messages: ConsumerMessages;
+        try {
+          const consumer = await retryElecting(() => nc.jetstream().consumers.get(stream, durable), { log, about: { stream, durable } });
+          messages = await consumer.consume({ max_messages: BATCH, threshold_messages: REFILL });
+        } catch (err) {
+          if (stopping) return undefined;
+          const code = errCode(err);
+          return code === CONSUMER_NOT_FOUND ? "not found" : code === STREAM_NOT_FOUND ? "its stream not found" : reasonOf(err);
+        }
+        current = messages;
         live.add(messages);
-        let gone = false;
+        // A stop while the consumer was being opened did not see it.
+        if (stopping || streamLost !== undefined) messages.stop();
+        let said: string | undefined;
         void (async () => {
           for await (const s of await messages.status()) {
             if (
@@ -419,7 +469,12 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
               s.type === ConsumerEvents.ConsumerNotFound ||
               s.type === ConsumerEvents.StreamNotFound
             ) {
-              gone = true;
+              said =
+                s.type === ConsumerEvents.ConsumerDeleted
+                  ? "deleted"
+                  : s.type === ConsumerEvents.ConsumerNotFound
+                    ? "not found"
+                    : "its stream not found";
               messages.stop();
               return;
             }
@@ -443,29 +498,52 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         // The acknowledgements of the last messages leave before the binding says it stopped.
         await decided();
         live.delete(messages);
-        return gone && !stopping ? "gone" : "stopped";
+        current = undefined;
+        return stopping ? undefined : (streamLost ?? said);
       };
+      // After a reconnect: a stream made anew while the durable was still found (another replica
+      // made it again first) is one whose sequences this replica's progress does not belong to.
+      reasserted.push((streams) => {
+        const info = streams.get(held.name);
+        if (info === undefined || info.created === created || gone.has(durable)) return;
+        streamLost = "its stream made anew";
+        current?.stop();
+      });
       // A durable deleted behind the set (`nats consumer rm`) is made again from where this
-      // replica was, and not ready meanwhile.
+      // replica was, and not ready meanwhile; on a stream made anew (a server back with an empty
+      // store, the stream deleted and made again), or whose sequences went back, from its first
+      // message: the sequences this replica had reached are another stream's.
       const loop = (async () => {
-        while ((await consumeOnce()) === "gone") {
+        for (let why = await consumeOnce(); why !== undefined; why = await consumeOnce()) {
           const from = pending.size > 0 ? Math.min(...pending) : acked + 1;
-          gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone: making it again from stream sequence ${from}`);
-          log.warn({ stream, durable, from }, "durable consumer deleted; making it again");
+          gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone (${why}): making it again`);
+          log.warn({ stream, durable, from, why }, "durable consumer gone; making it again");
+          let start: number | "first" = from;
           for (;;) {
             if (stopping) return;
             try {
-              await bindDurable(jsm, held, ackWaitSeconds, log, from);
+              const info = await retryElecting(() => jsm.streams.info(stream), { log, about: { stream, durable } });
+              const changed = streamChanged(info, created, from);
+              if (changed !== undefined) {
+                log.warn(
+                  { stream, durable, from, reason: changed },
+                  "the durable's sequences are another stream's; making it from the stream's first message",
+                );
+              }
+              start = changed === undefined ? from : "first";
+              acked = (await bindDurable(jsm, held, ackWaitSeconds, log, start)).ack_floor.stream_seq;
+              created = info.created;
               break;
             } catch (err) {
-              log.warn({ stream, durable, err: (err as Error).message }, "durable consumer not made again; trying again in 1 s");
+              log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
               await new Promise((r) => setTimeout(r, 1000));
             }
           }
+          streamLost = undefined;
           pending.clear();
           succeeded.clear();
           gone.delete(durable);
-          log.info({ stream, durable, from }, "durable consumer made again");
+          log.info({ stream, durable, from: start }, "durable consumer made again");
         }
       })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
       loops.push(loop);
@@ -473,7 +551,10 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     const use = watchStreams(nc, config, targets);
     return {
       notReady: () => [...gone.values()],
-      reconnected: () => assertStreams(jsm, config, streamSubjects(targets), log),
+      reconnected: async () => {
+        const streams = await assertStreams(jsm, config, streamSubjects(targets), log);
+        for (const check of reasserted) check(streams);
+      },
       streams: use.streams,
       stop: async () => {
         stopping = true;
