@@ -19,7 +19,7 @@ import {
 } from "./_lib/provisioning.ts";
 import { appliedIndex } from "./_lib/applied.ts";
 import { heldIn, holdersIndex, isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
-import { currentModel, provisioningConfig, snapshotsOf } from "./_lib/state.ts";
+import { currentModel, provisioningConfig, snapshotsOf, STATE_VIEWS } from "./_lib/state.ts";
 import { historyOf } from "./_lib/history.ts";
 import { EVENTS_STREAM } from "./_lib/follower.ts";
 
@@ -49,9 +49,9 @@ export default defineFunction({
     }
     if (request.what === STATE) {
       const { graceSeconds } = ctx.config.provisioning;
+      // With `stale`: the oldest of the state's views' last confirmations, read before what they hold.
+      const confirmations = STATE_VIEWS.map((v) => ctx.views[v].confirmedAt());
       const model = await currentModel(await snapshotsOf(ctx.views, request.stale), graceSeconds, ctx.config.rotation.graceSeconds);
-      // With `stale`: the oldest of the five views' last confirmations.
-      const confirmations = (["assignments", "needs", "applied", "registry", "failing"] as const).map((v) => ctx.views[v].confirmedAt());
       const confirmedAt = !request.stale
         ? undefined
         : confirmations.includes(null)
@@ -102,11 +102,13 @@ export default defineFunction({
     const asked = request as BucketRequest;
     // One more than the page holds, to know whether keys remain.
     const view = ctx.views[asked.what];
-    // `stale`: what the view holds now, without asking the server, and since when it is known current.
+    // `stale`: what the view holds now, without asking the server, and since when it is known
+    // current (read first: a confirmation after the read would claim more than it holds).
+    const confirmedAt = request.stale ? view.confirmedAt() : undefined;
     const reached = await (request.stale ? view.local : view).list(requestFilters(asked), {
       after: cursors.after,
       limit: request.limit + 1,
     });
-    return answerPage(asked, reached, ctx.limits.maxPayload, cursors, request.stale ? view.confirmedAt() : undefined);
+    return answerPage(asked, reached, ctx.limits.maxPayload, cursors, confirmedAt);
   },
 });

@@ -7,6 +7,7 @@ import type { LoadedFunction } from "./define.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { KINDS } from "./triggers/index.ts";
 import { targetsOf } from "./triggers/kind.ts";
+import { MARKER_KEY } from "./views/index.ts";
 import { checkUserNames, inboxOf, type AuthorizedUser, type Permissions } from "./users.ts";
 
 const kvStream = (bucket: string) => `KV_${bucket}`;
@@ -57,7 +58,8 @@ export function verbSubjects(functions: readonly LoadedFunction[]): string[] {
  * functions declare in `access.publishes`; what each trigger kind needs for its triggers (the
  * verbs and the NATS service's discovery subjects, the streams and durable consumers of events);
  * reply on `_INBOX.>`; receive replies on `_INBOX.<seat>.>`. Never `$JS.API.>` or `$JS.>`, and
- * no `$KV` subject of a node-written bucket.
+ * of a node-written bucket no `$KV` subject but its live view's marker (`$KV.<b>._freshness`, a
+ * delete marker of a key of no bucket's shape: docs/verb.md §4.6).
  */
 export function seatPermissions(config: Config, functions: readonly LoadedFunction[]): Permissions {
   const runtime = recordsBucket(config.seat);
@@ -88,6 +90,9 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
           `$JS.API.STREAM.MSG.GET.${kvStream(b)}`,
         ]),
         ...[...written.map(bucketOf), runtime, claims].map((b) => `$KV.${b}.>`),
+        // And writes its marker when short of a replicated stream (docs/verb.md §4.6): in a bucket
+        // the seat does not write otherwise, that one key alone.
+        ...viewed.filter((b) => config.buckets[b]?.writtenBy !== "seat").map((b) => `$KV.${bucketOf(b)}.${MARKER_KEY}`),
         // A stream of `access.streams`: its info and its leader's get by sequence, no consumer.
         ...unique(functions.flatMap(({ definition: { access } }) => access?.streams ?? [])).flatMap((name) => [
           `$JS.API.STREAM.INFO.${config.streams[name]!.stream}`,

@@ -10,12 +10,15 @@ import { createInbox, ErrorCode, NatsError, type Msg, type MsgHdrs, type NatsCon
 /** Milliseconds a request waits for its answer, as nats.js's JetStream client does by default. */
 export const PUBLISH_TIMEOUT_MS = 5000;
 
+/** How often the requests past their time are ended, in milliseconds: a request ends at most this late. */
+const SWEEP_MS = 250;
+
 /**
  * Sends `data` on `subject` with `headers` and resolves with the answer. Rejects with a
  * `NatsError`: nobody subscribed to `subject` (no responders) code `503`; no answer within
- * {@link PUBLISH_TIMEOUT_MS} code `TIMEOUT`; a closed connection `CONNECTION_CLOSED`.
+ * `timeoutMs` ({@link PUBLISH_TIMEOUT_MS} by default) code `TIMEOUT`; a closed connection `CONNECTION_CLOSED`.
  */
-export type Request = (subject: string, data: Uint8Array | string, headers?: MsgHdrs) => Promise<Msg>;
+export type Request = (subject: string, data: Uint8Array | string, headers?: MsgHdrs, timeoutMs?: number) => Promise<Msg>;
 
 /**
  * Publishes `data` on `subject` (a subject some stream captures) with `headers`, and resolves
@@ -23,10 +26,10 @@ export type Request = (subject: string, data: Uint8Array | string, headers?: Msg
  * JetStream API error as a `NatsError` whose `code` is the error's code and `api_error` the
  * error (`err_code` 10071: the expected last sequence was not the key's); no stream for the
  * subject (no responders) code `503`; no acknowledgement within {@link PUBLISH_TIMEOUT_MS} code
- * `TIMEOUT` (a publish the server refuses for permissions ends so too); a closed connection
- * `CONNECTION_CLOSED`.
+ * `TIMEOUT` (`timeoutMs` when given; a publish the server refuses for permissions ends so too); a
+ * closed connection `CONNECTION_CLOSED`.
  */
-export type Publish = (subject: string, data: Uint8Array | string, headers?: MsgHdrs) => Promise<number>;
+export type Publish = (subject: string, data: Uint8Array | string, headers?: MsgHdrs, timeoutMs?: number) => Promise<number>;
 
 const requesters = new WeakMap<NatsConnection, Request>();
 const publishers = new WeakMap<NatsConnection, Publish>();
@@ -38,14 +41,14 @@ export function requesterOf(nc: NatsConnection): Request {
   if (request !== undefined) return request;
   // The connection's inbox prefix (the seat receives on `_INBOX.<seat>.>` only), as nats.js's own requests use it.
   const prefix = `${createInbox((nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix)}.`;
-  /** By token, in the order sent: when it was sent, and how it ends. */
-  const waiting = new Map<string, { at: number; resolve: (msg: Msg) => void; reject: (err: Error) => void }>();
+  /** By token: when its answer is due at the latest, and how it ends. */
+  const waiting = new Map<string, { due: number; resolve: (msg: Msg) => void; reject: (err: Error) => void }>();
   let sent = 0;
   let timer: NodeJS.Timeout | undefined;
   const sweep = () => {
-    const late = performance.now() - PUBLISH_TIMEOUT_MS;
+    const now = performance.now();
     for (const [token, w] of waiting) {
-      if (w.at > late) break;
+      if (w.due > now) continue;
       waiting.delete(token);
       w.reject(NatsError.errorForCode(ErrorCode.Timeout));
     }
@@ -70,13 +73,13 @@ export function requesterOf(nc: NatsConnection): Request {
     for (const w of waiting.values()) w.reject(NatsError.errorForCode(ErrorCode.ConnectionClosed));
     waiting.clear();
   });
-  request = (subject, data, headers) =>
+  request = (subject, data, headers, timeoutMs = PUBLISH_TIMEOUT_MS) =>
     new Promise<Msg>((resolve, reject) => {
       const token = (++sent).toString(36);
       // Throws when the connection is closed or the payload too large: the promise rejects.
       nc.publish(subject, data, { reply: `${prefix}${token}`, ...(headers ? { headers } : {}) });
-      waiting.set(token, { at: performance.now(), resolve, reject });
-      timer ??= setInterval(sweep, 500).unref();
+      waiting.set(token, { due: performance.now() + timeoutMs, resolve, reject });
+      timer ??= setInterval(sweep, SWEEP_MS).unref();
     });
   requesters.set(nc, request);
   return request;
@@ -87,8 +90,8 @@ export function publisherOf(nc: NatsConnection): Publish {
   let publish = publishers.get(nc);
   if (publish !== undefined) return publish;
   const request = requesterOf(nc);
-  publish = async (subject, data, headers) => {
-    const msg = await request(subject, data, headers);
+  publish = async (subject, data, headers, timeoutMs) => {
+    const msg = await request(subject, data, headers, timeoutMs);
     let answer: { seq?: unknown; error?: { code: number; err_code?: number; description?: string } };
     try {
       answer = JSON.parse(decoder.decode(msg.data)) as typeof answer;

@@ -28,7 +28,7 @@ export interface Storage {
    * an empty store); creates what is missing, empties nothing. Throws as {@link assertBuckets}.
    */
   reassert(): Promise<void>;
-  /** Why reads cannot be served from memory now: views loading their bucket again. */
+  /** Why reads cannot be served from memory now: views that cannot be confirmed current, and why (docs/verb.md §4.6.2). */
   notReady(): string[];
   /** Stops the live views. */
   close(): void;
@@ -45,7 +45,8 @@ function serverView(server: ReadBucket): ViewBucket {
 /**
  * Asserts the buckets ({@link assertBuckets}) and opens a live view ({@link openView}) of each
  * of `viewed` (config names) and of the runtime's records (`<seat>_runtime`), all at once,
- * waiting until each has loaded its bucket; a load longer than a second says its progress
+ * waiting until each has loaded its bucket and checked once whether it is current (a check that
+ * fails leaves it not ready, see {@link Storage.notReady}); a load longer than a second says its progress
  * (`progress`, see {@link loadProgress}; docs/runtime.md §6.5.1). `refusers` are the functions
  * whose refused events the records read (see {@link recorder}). Throws, having stopped the views
  * it opened, when a bucket or a view cannot be opened.
@@ -73,10 +74,12 @@ export async function openStorage(
         const view = await openView(nc, config.buckets[name]!.bucket, read(name), log, { progress });
         views.set(name, view);
         await view.loaded;
+        await view.check();
       }),
       (async () => {
         recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, { progress });
         await recordsView.loaded;
+        await recordsView.check();
       })(),
     ]);
   } catch (err) {
@@ -97,7 +100,7 @@ export async function openStorage(
       recordsView!,
     ),
     reassert: async () => void (await assertBuckets(nc, config, log)),
-    notReady: () => [...views.values()].flatMap((view) => view.trouble() ?? []),
+    notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []),
     close: () => {
       for (const view of views.values()) view.stop();
       recordsView!.stop();

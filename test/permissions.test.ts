@@ -161,7 +161,7 @@ describe("the seat's permissions, derived from the functions", () => {
     );
   });
 
-  it("grant no JetStream or KV wildcard, and no write to a node-written bucket", async () => {
+  it("grant no JetStream or KV wildcard, and no write to a node-written bucket but the views' marker key", async () => {
     const config = await projectConfig();
     const { publish, subscribe } = seatPermissions(config, await loadFunctions(config));
     for (const subject of [...publish.allow, ...subscribe.allow]) {
@@ -173,6 +173,11 @@ describe("the seat's permissions, derived from the functions", () => {
       "$KV.mesh-provisioner_registry.>",
       "$KV.mesh-provisioner_runtime.>",
       "$KV.mesh-provisioner_claims.>",
+      // Of the buckets others write, the live views' marker key alone (docs/verb.md §4.6).
+      "$KV.mesh-controller_assignments._freshness",
+      "$KV.mesh-provisioner_needs._freshness",
+      "$KV.mesh-provisioner_applied._freshness",
+      "$KV.mesh-provisioner_collect._freshness",
     ]);
     expect(subscribe.allow).toContain("mesh-provisioner.provisioning");
   });

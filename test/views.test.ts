@@ -6,7 +6,9 @@ import { readBucket, scan, writeBucket } from "../runtime/buckets.ts";
 import type { ReadBucket, WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
+import { MARKER_KEY, MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
+import { catchUp } from "../runtime/views/freshness.ts";
+import { coalesced, type LastSequence } from "../runtime/views/probes.ts";
 import { testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must
@@ -188,5 +190,117 @@ describe("a listing by the stream's gets, without a consumer", () => {
     expect(shown(await scan(seat, name, ">", true))).toEqual(shown(watched));
     expect(shown(await scan(seat, name, "a.>", false))).toEqual([["a.x", "3", false, 3]]);
     expect(await scan(seat, name, "none.>", true)).toEqual([]);
+  });
+});
+
+describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
+  const silent = createLogger({ LOG_LEVEL: "silent" });
+
+  it("stores nothing on one server: the stream keeps its messages and has no marker after 200 checks", async () => {
+    const jsm = await seat.jetstreamManager();
+    const before = (await jsm.streams.info(`KV_${BUCKET}`)).state;
+    const checks = await Promise.all(Array.from({ length: 200 }, () => view.check()));
+    expect(checks.every((c) => c.current)).toBe(true);
+    const after = (await jsm.streams.info(`KV_${BUCKET}`)).state;
+    expect([after.messages, after.last_seq]).toEqual([before.messages, before.last_seq]);
+    expect(await server.last(MARKER_KEY)).toBeNull();
+    expect(view.trouble()).toBeUndefined();
+  });
+
+  it("says when the view was proven current as the time the proving probe was sent, not when its answer came", async () => {
+    let askedAt = 0;
+    const answered: (() => void)[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 7,
+      probe: coalesced(
+        () =>
+          new Promise<LastSequence>((resolve) => {
+            const sent = (askedAt += 1000);
+            answered.push(() => resolve({ sequence: 7, askedAt: sent, heldAtAsk: 7 }));
+          }),
+      ),
+      tail: { nothingAfter: async () => false },
+      unavailable: () => undefined,
+      wentBack: () => {},
+      stuck: () => {},
+      log: silent,
+    });
+    const first = fresh.caughtUp();
+    const second = fresh.caughtUp();
+    expect(fresh.confirmedAt()).toBeNull();
+    answered[1]?.(); // not sent yet: the second waits for the first
+    answered[0]!();
+    expect(await first).toEqual({ current: true });
+    expect(fresh.confirmedAt()?.getTime()).toBe(1000);
+    await new Promise((r) => setTimeout(r, 0));
+    answered[1]!();
+    expect(await second).toEqual({ current: true });
+    expect(fresh.confirmedAt()?.getTime()).toBe(2000);
+    // A load of the same stream that holds less than was proven holds none of it.
+    fresh.adopted(6, true);
+    expect(fresh.confirmedAt()).toBeNull();
+  });
+
+  it("refuses to call a view current when the stream's last sequence went back below what it applied", async () => {
+    const told: string[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => ({ sequence: 4, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await fresh.caughtUp()).toEqual({
+      current: false,
+      why: "stream KV_b went back: its last sequence is 4, the view had applied 9",
+    });
+    expect(told).toHaveLength(1);
+    expect(fresh.confirmedAt()).toBeNull();
+  });
+
+  it("short of the stream's last sequence with replicas, holds the view current once it receives its own marker, and behind when it does not", async () => {
+    let applied = 5;
+    const stuck: string[] = [];
+    let delivered = true;
+    const fresh: ReturnType<typeof catchUp> = catchUp({
+      bucket: "b",
+      applied: () => applied,
+      probe: async () => ({ sequence: 9, askedAt: 1000, heldAtAsk: 5 }),
+      tail: {
+        mark: async () => {
+          // The marker comes through the view's watch at sequence 12, or not at all (a stuck watch).
+          if (delivered) setTimeout(() => ((applied = 12), fresh.marked("m1", 12), fresh.reached(12)), 10);
+          return "m1";
+        },
+      },
+      unavailable: () => undefined,
+      wentBack: () => {},
+      stuck: (why) => stuck.push(why),
+      log: silent,
+    });
+    expect(await fresh.caughtUp()).toEqual({ current: true });
+    expect(fresh.confirmedAt()?.getTime()).toBe(1000);
+    applied = 5;
+    delivered = false;
+    const other = catchUp({
+      bucket: "b",
+      applied: () => applied,
+      probe: async () => ({ sequence: 9, askedAt: 2000, heldAtAsk: 5 }),
+      tail: { mark: async () => "m2" },
+      unavailable: () => undefined,
+      wentBack: () => {},
+      stuck: (why) => stuck.push(why),
+      log: silent,
+    });
+    expect(await other.caughtUp()).toEqual({
+      current: false,
+      why: "the view of bucket b is behind its stream: it applied sequence 5, the stream's leader has 9, and its marker did not come",
+    });
+    expect(stuck).toHaveLength(1);
+    expect(other.confirmedAt()).toBeNull();
   });
 });

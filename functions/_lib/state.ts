@@ -772,14 +772,23 @@ export async function currentModel(inputs: StateInputs, graceSeconds: number, ro
   return (await kept(inputs, { graceSeconds, rotationGraceSeconds })).model;
 }
 
-/** The snapshots of the five views state reads, fresh (one check each) or, with `stale`, as held. */
+/** The views state reads (docs/state.md §7.1), by their config names. */
+export const STATE_VIEWS = [
+  "assignments",
+  "needs",
+  "applied",
+  "registry",
+  "failing",
+  "rotations",
+] as const satisfies readonly (keyof StateInputs)[];
+
+/** The snapshots of the views state reads ({@link STATE_VIEWS}), fresh (one check each) or, with `stale`, as held. */
 export async function snapshotsOf(
   views: Readonly<Record<keyof StateInputs, { snapshot(): Promise<Snapshot>; localSnapshot(): Snapshot }>>,
   stale = false,
 ): Promise<StateInputs> {
-  const names = ["assignments", "needs", "applied", "registry", "failing", "rotations"] as const;
-  const taken = await Promise.all(names.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
-  return Object.fromEntries(names.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
+  const taken = await Promise.all(STATE_VIEWS.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
+  return Object.fromEntries(STATE_VIEWS.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
 }
 
 /** What status says of provisioning (docs/state.md §7.5): modules by state, and those that count against the mesh. */

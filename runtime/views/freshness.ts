@@ -1,170 +1,225 @@
 /**
- * Freshness of a live view: whether it holds every write acknowledged before a read (docs/verb.md §4).
- * It asks the stream whether anything follows the last sequence the view applied, else for the
- * stream's last sequence, and waits up to {@link CATCH_UP_MS} for the view to reach it.
- * Concurrent reads share these requests. It knows sequences only, nothing of the view's store.
+ * Freshness of a live view: whether it holds every write acknowledged before a read
+ * (docs/verb.md §4.6). It asks the stream's leader for the stream's last sequence (with replicas,
+ * only from a leader that heard from a quorum of its stream lately) and waits up to
+ * {@link CATCH_UP_MS} for the view to reach it. Concurrent reads share these requests. It knows
+ * sequences only, nothing of the view's store.
  */
-import type { JetStreamManager, NatsConnection, StreamConfig } from "nats";
 import type { Logger } from "pino";
-import { requesterOf } from "../publisher.ts";
+import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } from "./probes.ts";
 
 /**
- * How long a read waits for the view to reach the stream's last sequence before it reads from
- * the server instead, in milliseconds. Only a stream whose last message was removed by hand
- * (a stream purge) keeps a view from reaching it.
+ * How long a read waits for the view to reach the stream's last sequence before it gives up on
+ * the view, in milliseconds. Only a stream whose last message was removed by hand (a stream
+ * purge, an age limit) or a watch that stopped delivering keeps a view from reaching it.
  */
 export const CATCH_UP_MS = 500;
 
-/**
- * Coalesces an asking of the server: a caller gets the answer of a request sent after it
- * called, and callers that arrive while one request is out share the next one, so at most two
- * are ever out.
- */
-export function coalesced(read: () => Promise<number>): () => Promise<number> {
-  let inFlight: Promise<number> | undefined;
-  let queued: Promise<number> | undefined;
-  const send = () => {
-    const sent = read().finally(() => {
-      if (inFlight === sent) inFlight = undefined;
-    });
-    inFlight = sent;
-    return sent;
-  };
-  return () => {
-    if (inFlight === undefined) return send();
-    queued ??= inFlight
-      .catch(() => 0)
-      .then(() => {
-        queued = undefined;
-        return send();
-      });
-    return queued;
-  };
-}
-
-/** Whether the stream holds no message after the given stream sequence. */
-export type NothingAfter = (sequence: number) => Promise<boolean>;
-
-/**
- * Asks whether stream `KV_<bucket>` holds no message after a sequence: a direct get
- * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
- * when `config` does not allow direct gets or has replicas, the stream API's get
- * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
- * none. Each request times out after 5 s; the probe rejects when its request fails. Asked with
- * the connection's {@link requesterOf}: no Error made per request, answered or not.
- */
-export function nothingAfterProbe(
-  nc: NatsConnection,
-  bucket: string,
-  config: Pick<StreamConfig, "allow_direct" | "num_replicas">,
-): NothingAfter {
-  const stream = `KV_${bucket}`;
-  // A replicated stream's followers answer direct gets too, and may lag: ask its leader.
-  const direct = config.allow_direct === true && config.num_replicas === 1;
-  const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
-  const ask = requesterOf(nc);
-  return async (sequence) => {
-    const request = `{"seq":${sequence + 1},${next}`;
-    if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request)).headers?.code === 404;
-    const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request);
-    return (reply.json() as { error?: { code?: number } }).error?.code === 404;
-  };
-}
-
-/**
- * The stream sequence a view must reach to hold every write acknowledged before the call:
- * `applied()` when `nothingAfter` finds nothing after it, else the last sequence of stream
- * `KV_<bucket>` (`$JS.API.STREAM.INFO.KV_<bucket>`). Calls are {@link coalesced}; a call rejects
- * when a request fails.
- */
-export function targetSequence(
-  jsm: JetStreamManager,
-  bucket: string,
-  applied: () => number,
-  nothingAfter: NothingAfter,
-): () => Promise<number> {
-  const stream = `KV_${bucket}`;
-  return coalesced(async () => {
-    const held = applied();
-    if (await nothingAfter(held)) return held;
-    return (await jsm.streams.info(stream)).state.last_seq;
-  });
-}
+/** Whether a view holds every write acknowledged before it was asked, and when not, why. */
+export type Freshness =
+  | { readonly current: true }
+  | {
+      readonly current: false;
+      /** A sentence for a person: what could not be confirmed, and why. */
+      readonly why: string;
+    };
 
 /** Waiting for a view to catch up with its stream. */
 export interface CatchUp {
   /**
-   * Whether the view holds every write acknowledged before the call; `false` when that cannot
-   * be told: `unavailable()`, `target` failed, or the view did not reach it within {@link CATCH_UP_MS}.
-   * Never rejects.
+   * Whether the view holds every write acknowledged before the call, and why not when it does
+   * not or cannot be told: `unavailable()` says so, the probe failed, the stream went back, or
+   * the view did not reach the probe's sequence within {@link CATCH_UP_MS} while the stream
+   * holds more after what it applied. Never rejects.
    */
-  caughtUp(): Promise<boolean>;
-  /** When the view was last known to hold every write acknowledged before (a read found it current); `null` before any. */
+  caughtUp(): Promise<Freshness>;
+  /**
+   * When the view was last proven to hold every write acknowledged before: the time the probe
+   * that proved it was sent; `null` before any, or when the load in hand no longer holds
+   * what was proven (see {@link CatchUp.adopted}).
+   */
   confirmedAt(): Date | null;
+  /** The latest finished check: its answer and when it finished (ms since the epoch); none before the first. */
+  latest(): { readonly freshness: Freshness; readonly at: number } | undefined;
   /** The view now holds every record up to stream sequence `sequence`: the reads waiting for no more go on. */
   reached(sequence: number): void;
-  /** Every waiting read gives up, with `false`. */
-  release(): void;
+  /** The view received a freshness marker (its value) at stream sequence `sequence`. */
+  marked(marker: string, sequence: number): void;
+  /** Every waiting read gives up: not current, for `why`. */
+  release(why: string): void;
+  /**
+   * The view now reads from another load: what was proven holds of it only when it is the same
+   * stream (`sameStream`) and has applied at least the sequence that was proven.
+   */
+  adopted(applied: number, sameStream: boolean): void;
 }
 
 /**
- * Catching up with the stream: {@link CatchUp.caughtUp} asks `target` and, when the view has
- * not applied that far (`applied()`), waits for {@link CatchUp.reached}. Failures and timeouts are
+ * What a view short of the stream's last sequence does next: with one replica, ask its one
+ * server whether anything follows what it applied (`nothingAfter`); with more, write an
+ * marker (probes.ts `endMarker`) and wait to receive it (`mark`).
+ */
+export type Tail = { readonly nothingAfter: NothingAfter } | { readonly mark: () => Promise<string> };
+
+/**
+ * Catching up with the stream: {@link CatchUp.caughtUp} asks `probe` (a coalesced
+ * `lastSequenceProbe` of probes.ts) and, when the view has not applied that far (`applied()`), waits
+ * for {@link CatchUp.reached}; still short after {@link CATCH_UP_MS}, does what `tail` says.
+ * `wentBack` is told when the stream's last sequence is below what the view had applied (made
+ * anew, a store come back with less), `stuck` when the view is behind; failures and timeouts are
  * logged as warnings with `bucket`.
  */
 export function catchUp({
   bucket,
   applied,
-  target,
+  probe,
+  tail,
   unavailable,
+  wentBack,
+  stuck,
   log,
 }: {
   bucket: string;
   applied: () => number;
-  target: () => Promise<number>;
-  unavailable: () => boolean;
+  probe: Probe;
+  tail: Tail;
+  /** Why the view cannot be read now, or none. */
+  unavailable: () => string | undefined;
+  wentBack: (why: string) => void;
+  stuck: (why: string) => void;
   log: Logger;
 }): CatchUp {
-  const waiters = new Set<{ target: number; done: (reached: boolean) => void }>();
-  let confirmed: Date | null = null;
-  const confirm = (reached: boolean) => {
-    if (reached) confirmed = new Date();
-    return reached;
+  /** Reads waiting for the view to reach `target`: told `true`, or why they give up (a timeout: `false`). */
+  const waiters = new Set<{ target: number; done: (reached: true | false | string) => void }>();
+  /** Reads waiting for a marker: told the sequence the view received it at, or why they give up. */
+  const markerWaiters = new Map<string, Set<(at: number | false | string) => void>>();
+  /** The markers the view received lately, with their sequences: one may come before its acknowledgement. */
+  const received = new Map<string, number>();
+  /** What was last proven: the sequence the view held, and when the probe proving it was sent. */
+  let proven: { sequence: number; at: number } | undefined;
+  let latest: { freshness: Freshness; at: number } | undefined;
+  const settle = (freshness: Freshness) => {
+    latest = { freshness, at: Date.now() };
+    return freshness;
+  };
+  /** Said at warn once while it lasts (every read of a view that cannot be confirmed meets it), at debug after. */
+  let warned: string | undefined;
+  const warn = (fields: Record<string, unknown>, msg: string) => {
+    const said = `${msg} ${String(fields.err ?? "")}`;
+    log[said === warned ? "debug" : "warn"]({ bucket, ...fields }, msg);
+    warned = said;
+  };
+  const confirm = (found: LastSequence, how: string): Freshness => {
+    if (log.isLevelEnabled("debug"))
+      log.debug({ bucket, sequence: found.sequence, held: applied(), askedAt: found.askedAt, how }, "view current");
+    if (warned !== undefined) log.info({ bucket }, "view current again");
+    warned = undefined;
+    if (proven === undefined || found.askedAt >= proven.at) proven = { sequence: found.sequence, at: found.askedAt };
+    return settle({ current: true });
+  };
+  const behind = (found: LastSequence, also = ""): Freshness => {
+    const why = `the view of bucket ${bucket} is behind its stream: it applied sequence ${applied()}, the stream's leader has ${found.sequence}${also}`;
+    warn({ held: applied(), target: found.sequence }, "view behind the stream");
+    stuck(why);
+    return settle({ current: false, why });
+  };
+  const reaching = (target: number) =>
+    new Promise<true | false | string>((resolve) => {
+      const waiter = {
+        target,
+        done: (reached: true | false | string) => {
+          clearTimeout(timer);
+          waiters.delete(waiter);
+          resolve(reached);
+        },
+      };
+      const timer = setTimeout(() => waiter.done(false), CATCH_UP_MS);
+      waiters.add(waiter);
+    });
+  const receiving = (marker: string) =>
+    new Promise<number | false | string>((resolve) => {
+      const waiting = markerWaiters.get(marker) ?? new Set();
+      markerWaiters.set(marker, waiting);
+      const done = (at: number | false | string) => {
+        clearTimeout(timer);
+        waiting.delete(done);
+        if (waiting.size === 0) markerWaiters.delete(marker);
+        resolve(at);
+      };
+      const timer = setTimeout(() => done(false), CATCH_UP_MS);
+      waiting.add(done);
+    });
+  /** A view short of `found`: its stream's last messages may have been removed, or its watch lags. */
+  const short = async (found: LastSequence): Promise<Freshness> => {
+    if ("nothingAfter" in tail) {
+      const held = applied();
+      const removed = await tail.nothingAfter(held).catch((err: Error) => {
+        warn({ err: err.message }, "cannot tell whether the view is current");
+        return false;
+      });
+      if (removed) return confirm({ ...found, sequence: held }, "nothing after");
+      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found);
+    }
+    let marker: string;
+    try {
+      marker = await tail.mark();
+    } catch (err) {
+      return behind(found, ` (its marker was not written: ${(err as Error).message})`);
+    }
+    const at = received.get(marker) ?? (await receiving(marker));
+    // Received, and held: every message before it delivered in turn, or none pending after it.
+    if (typeof at === "number" && (at <= applied() || (await reaching(at)) === true)) {
+      return confirm({ ...found, sequence: Math.max(at, found.sequence) }, `marker at ${at}`);
+    }
+    if (typeof at === "string") return settle({ current: false, why: at });
+    return behind(found, ", and its marker did not come");
   };
   return {
-    confirmedAt: () => confirmed,
+    confirmedAt: () => (proven === undefined ? null : new Date(proven.at)),
+    latest: () => latest,
     async caughtUp() {
-      if (unavailable()) return false;
-      let wanted: number;
+      const away = unavailable();
+      if (away !== undefined) return settle({ current: false, why: away });
+      let found: LastSequence;
       try {
-        wanted = await target();
+        found = await probe();
       } catch (err) {
-        log.warn({ bucket, err }, "cannot tell whether the view is current; reading from the server");
-        return false;
+        const { code, message } = err as { code?: string; message: string };
+        const why =
+          code === "TIMEOUT"
+            ? `the leader of stream KV_${bucket} did not answer within ${PROBE_TIMEOUT_MS / 1000} s`
+            : code === "503"
+              ? `no server answers for stream KV_${bucket}`
+              : message;
+        warn({ err: message }, "cannot tell whether the view is current");
+        return settle({ current: false, why });
       }
-      if (wanted <= applied()) return confirm(true);
-      return new Promise<boolean>((resolve) => {
-        const waiter = {
-          target: wanted,
-          done: (reached: boolean) => {
-            clearTimeout(timer);
-            waiters.delete(waiter);
-            resolve(confirm(reached));
-          },
-        };
-        const timer = setTimeout(() => {
-          log.warn({ bucket, applied: applied(), target: wanted }, "view behind the stream; reading from the server");
-          waiter.done(false);
-        }, CATCH_UP_MS);
-        waiters.add(waiter);
-      });
+      if (found.heldAtAsk > found.sequence) {
+        const why = `stream KV_${bucket} went back: its last sequence is ${found.sequence}, the view had applied ${found.heldAtAsk}`;
+        wentBack(why);
+        return settle({ current: false, why });
+      }
+      if (found.sequence <= applied()) return confirm(found, "held");
+      const reached = await reaching(found.sequence);
+      if (reached === true) return confirm(found, "reached");
+      if (typeof reached === "string") return settle({ current: false, why: reached });
+      return short(found);
     },
     reached(sequence) {
       if (waiters.size === 0) return;
       for (const waiter of waiters) if (waiter.target <= sequence) waiter.done(true);
     },
-    release() {
-      for (const waiter of waiters) waiter.done(false);
+    marked(marker, sequence) {
+      received.set(marker, sequence);
+      if (received.size > 256) received.delete(received.keys().next().value!);
+      for (const done of markerWaiters.get(marker) ?? []) done(sequence);
+    },
+    release(why) {
+      for (const waiter of waiters) waiter.done(why);
+      for (const waiting of markerWaiters.values()) for (const done of waiting) done(why);
+    },
+    adopted(held, sameStream) {
+      if (!sameStream || (proven !== undefined && held < proven.sequence)) proven = undefined;
     },
   };
 }

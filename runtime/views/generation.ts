@@ -23,6 +23,13 @@ export interface Generation {
   readonly store: RecordStore;
   /** The stream sequence of the last record applied; 0 before the first. */
   applied: number;
+  /**
+   * The stream sequence up to which the store holds each key's newest record as of then: `applied`
+   * while the watch delivers every message in turn; held back when it skipped some (a message
+   * already removed when the watch came to it, a key written again since: the watch catching up
+   * after a load or a restart of its consumer), until it delivers one with nothing pending after it.
+   */
+  held: number;
   readonly watch: QueuedIterator<KvEntry>;
   /** Resolves when the store holds the bucket as it was when the watch started. */
   readonly loaded: Promise<void>;
@@ -64,14 +71,14 @@ export function changedAfter(generation: Generation, sequence: number): string[]
 /**
  * Starts a generation: a watch of every key of the bucket behind `kv` (`$KV.<bucket>.>`, last
  * values then updates, its creation waited for `waits`, see {@link watchOf}) applied to a new store. `applied` is called after each record is
- * applied; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
+ * applied, with the entry; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
  * Throws `cannot watch bucket <bucket>: …` when the watch cannot be created.
  */
 export async function startGeneration(
   kv: KV,
   bucket: string,
   log: Logger,
-  on: { applied: (generation: Generation) => void; ended: (generation: Generation) => void },
+  on: { applied: (generation: Generation, entry: KvEntry) => void; ended: (generation: Generation) => void },
   waits?: readonly number[],
 ): Promise<Generation> {
   let loadedFn!: () => void;
@@ -85,14 +92,21 @@ export async function startGeneration(
   const generation: Generation = {
     store: new RecordStore(),
     applied: 0,
+    held: 0,
     watch,
     loaded,
     log: { from: 0, sequences: [], keys: [] },
   };
   void (async () => {
     for await (const entry of watch) {
-      applyEntry(generation, entry);
-      on.applied(generation);
+      if (!applyEntry(generation, entry)) {
+        log.warn(
+          { bucket, key: entry.key, revision: entry.revision, held: generation.store.revisionOf(entry.key) },
+          "an older record of the key came again; kept the newer",
+        );
+        continue;
+      }
+      on.applied(generation, entry);
     }
   })()
     .catch((err: unknown) => log.error({ bucket, err }, "view stopped"))
@@ -103,9 +117,13 @@ export async function startGeneration(
 /**
  * Applies one watched entry: its record replaces the key's in the store (a delete or purge as a
  * marker, its value cut when longer than {@link MARKER_VALUE_BYTES}), `applied` moves up to its
- * revision, and its key is logged.
+ * revision, `held` with it when no message was skipped or none is pending (see
+ * {@link Generation.held}), and its key is logged. A record older than the key's is not applied:
+ * `false`.
  */
-export function applyEntry(generation: Generation, entry: KvEntry): void {
+export function applyEntry(generation: Generation, entry: KvEntry): boolean {
+  // A record older than the one the key holds (delivered again, late) never replaces it.
+  if ((generation.store.revisionOf(entry.key) ?? 0) > entry.revision) return false;
   const deleted = entry.operation !== "PUT";
   generation.store.set({
     key: entry.key,
@@ -116,8 +134,12 @@ export function applyEntry(generation: Generation, entry: KvEntry): void {
     deleted,
     cut: deleted && entry.value.length > MARKER_VALUE_BYTES,
   });
-  if (entry.revision <= generation.applied) return;
+  if (entry.revision <= generation.applied) return true;
+  // A message skipped may have been a write of a key whose newer write is still to come: what is
+  // held is known again once nothing is pending after a delivered message.
+  const skipped = entry.revision > generation.applied + 1;
   generation.applied = entry.revision;
+  if (entry.delta === 0 || (!skipped && generation.held === generation.applied - 1)) generation.held = entry.revision;
   const { log } = generation;
   log.sequences.push(entry.revision);
   log.keys.push(entry.key);
@@ -126,6 +148,7 @@ export function applyEntry(generation: Generation, entry: KvEntry): void {
     log.sequences.splice(0, CHANGES_KEPT);
     log.keys.splice(0, CHANGES_KEPT);
   }
+  return true;
 }
 
 /** The literal tokens of `filter` before its first wildcard, joined; `undefined` for a key. */

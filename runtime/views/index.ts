@@ -1,21 +1,26 @@
 /**
  * Live views of buckets: {@link openView} keeps a bucket in memory from one watch and answers
- * reads from it once it holds every write acknowledged before them, from the server otherwise.
+ * reads from it once it is proven to hold every write acknowledged before them; otherwise from
+ * the server when the bucket has one replica, and not at all (a 503 saying why) when it has more.
  * It wires a generation (generation.ts: the store one watch fills, store.ts), freshness
- * (freshness.ts: whether the store is current) and resync (resync.ts: loading the bucket again when it is not).
+ * (freshness.ts: whether the store is current, from the requests of probes.ts) and resync
+ * (resync.ts: loading the bucket again when it is not).
  */
 import { randomUUID } from "node:crypto";
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { checkedKey, watchWaits } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
-import { catchUp, nothingAfterProbe, targetSequence } from "./freshness.ts";
+import { ServiceError } from "../errors.ts";
+import { catchUp, type Freshness } from "./freshness.ts";
+import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, nothingAfterProbe } from "./probes.ts";
 import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
 import type { RecordStore } from "./store.ts";
 import type { Progress } from "./progress.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
 
-export { CATCH_UP_MS } from "./freshness.ts";
+export { CATCH_UP_MS, type Freshness } from "./freshness.ts";
+export { LEASE_MS, MARKER_KEY, PROBE_TIMEOUT_MS } from "./probes.ts";
 export { CHANGES_KEPT, MARKER_VALUE_BYTES } from "./generation.ts";
 export { RESYNC_MS } from "./resync.ts";
 export { loadProgress, type Progress, type ProgressOptions, type ProgressStream } from "./progress.ts";
@@ -26,27 +31,52 @@ export interface LiveView extends ViewBucket {
   readonly loaded: Promise<void>;
   /** The stream sequence of the last record the view applied. */
   readonly sequence: () => number;
-  /** Why the view cannot serve from memory now (it is loading its bucket again); none when it can. */
+  /** Asks the stream's leader whether the view is current now, as a read does (docs/verb.md §4.6); never rejects. */
+  check(): Promise<Freshness>;
+  /**
+   * Why the view cannot be confirmed current now (loading its bucket again, behind its stream,
+   * its stream's leader not answering, not checked yet); none when its latest check found it
+   * current (docs/verb.md §4.6.2).
+   */
   trouble(): string | undefined;
-  /** Stops the watch; reads go to the server from then on. */
+  /** Stops the watch and the checks; reads go to the server from then on. */
   stop(): void;
 }
+
+const decoder = new TextDecoder();
+
+/** How often a view not read lately checks that it is current, in milliseconds (docs/verb.md §4.6.2). */
+export const CHECK_EVERY_MS = 1000;
+
+/**
+ * How long a view behind its stream may hold no more before its watch counts as stuck (its
+ * consumer on a server cut off, or behind) and the bucket is loaded again, in milliseconds.
+ */
+export const STUCK_MS = 2000;
 
 /**
  * Opens a live view of `bucket` (stream `KV_<bucket>`) on `nc`: one long-lived watch of
  * every key (`$KV.<bucket>.>`, last values then updates) kept compactly by key (store.ts), delete
  * markers included (their values only up to {@link MARKER_VALUE_BYTES}). Every read first
- * makes sure the view holds every write acknowledged before it was asked (docs/verb.md §4), as
- * `server`'s reads do: a direct get (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message
- * after the last one the view applied finds none (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, its
- * leader's answer, when the stream does not allow direct gets or has replicas), or else the view waits for the stream's last
- * sequence (`$JS.API.STREAM.INFO.KV_<bucket>`). Concurrent reads share these requests. Reads that would wait longer than
- * {@link CATCH_UP_MS}, or that cannot tell, go to `server`. Messages removed without a marker
- * (a stream purge, a bucket's age limit) are noticed within {@link RESYNC_MS}, when the view
- * holds another number of keys than the stream has subjects: it loads the bucket again,
- * reading from `server` meanwhile. Keys are in JavaScript string order, as `server` sorts them.
- * `progress` is told of the first load: the stream's subjects at the start of the load (its
- * number of keys, from the same stream info) and the keys the view holds (docs/runtime.md §6.5.1).
+ * makes sure the view holds every write acknowledged before it was asked (docs/verb.md §4.6):
+ * the stream's last sequence ({@link lastSequenceProbe}: with replicas, from a leader that heard
+ * from a quorum of its stream within {@link LEASE_MS}), which the view waits up to
+ * {@link CATCH_UP_MS} to reach; short of it, with one replica a direct get of the next message
+ * after the view's last tells whether the stream's last messages were removed, with more the
+ * view writes a marker and waits as long to receive it ({@link endMarker}).
+ * Concurrent reads share these requests. A read that cannot be proven current goes to `server`
+ * when the stream has one replica (its one server is current), and is refused with a
+ * `ServiceError` 503 saying why when it has more (a follower may lag, a leader cut off from its
+ * quorum may not know it). A view not read for
+ * {@link CHECK_EVERY_MS} checks itself, so {@link LiveView.trouble} says when it cannot be
+ * confirmed. A view behind its stream whose held sequence ({@link Generation.held}) moves up
+ * no more for {@link STUCK_MS} loads the bucket again (its watch's consumer may be on a server
+ * cut off, or behind), the load in hand serving meanwhile. Messages removed without a marker (a stream purge, a bucket's age limit) are noticed
+ * within {@link RESYNC_MS}, when the view holds another number of keys than the stream has
+ * subjects: it loads the bucket again, reads not answered from memory meanwhile. Keys are in
+ * JavaScript string order, as `server` sorts them. `progress` is told of the first load: the
+ * stream's subjects at the start of the load (its number of keys, from the same stream info) and
+ * the keys the view holds (docs/runtime.md §6.5.1).
  */
 export async function openView(
   nc: NatsConnection,
@@ -62,15 +92,31 @@ export async function openView(
   const waits = watchWaits(state.messages);
   const watchKv = await nc.jetstream({ timeout: Math.max(...waits) }).views.kv(bucket, { bindOnly: true });
   const nothingAfter = nothingAfterProbe(nc, bucket, streamConfig);
+  // With one replica the server's reads are the stream's own: a read the view cannot serve goes there.
+  const oneReplica = streamConfig.num_replicas === 1;
   let stopped = false;
   let current: Generation | undefined;
-  const applied = () => current!.applied;
+  /** When what the load in hand holds last moved up (`performance.now()`), and to what. */
+  let heldSince = performance.now();
+  let heldBefore = 0;
+  // What freshness compares: the sequence up to which the view holds each key's newest record.
+  const held = () => current!.held;
   const fresh = catchUp({
     bucket,
-    applied,
-    target: targetSequence(jsm, bucket, applied, nothingAfter),
+    applied: held,
+    probe: coalesced(lastSequenceProbe(nc, bucket, streamConfig.num_replicas, nothingAfter, held)),
+    tail: oneReplica ? { nothingAfter } : { mark: coalesced(endMarker(nc, bucket, streamConfig.num_replicas)) },
     // `resync` is set before any read can ask.
-    unavailable: () => stopped || resync.reloading(),
+    unavailable: () =>
+      stopped
+        ? `the view of bucket ${bucket} is stopped`
+        : resync.reloading()
+          ? `the view of bucket ${bucket} is loading it again`
+          : undefined,
+    wentBack: (why) => resync.now(why, false),
+    stuck: (why) => {
+      if (performance.now() - heldSince >= STUCK_MS) resync.now(`${why}, and held no more for ${STUCK_MS / 1000} s`, true);
+    },
     log,
   });
 
@@ -80,14 +126,20 @@ export async function openView(
       bucket,
       log,
       {
-        applied: (generation) => {
-          if (generation === current) fresh.reached(generation.applied);
+        applied: (generation, entry) => {
+          if (generation !== current) return;
+          if (generation.held !== heldBefore) {
+            heldBefore = generation.held;
+            heldSince = performance.now();
+          }
+          if (entry.key === MARKER_KEY) fresh.marked(decoder.decode(entry.value), entry.revision);
+          fresh.reached(generation.held);
         },
         // A watch that ends by itself (its consumer could not be made again: the stream gone, a
         // server back with an empty store) is replaced by a new load, the server read meanwhile.
         ended: (generation) => {
           if (current !== generation || stopped) return;
-          fresh.release();
+          fresh.release(`the watch of bucket ${bucket} ended`);
           resync.now("the view's watch ended", false);
         },
       },
@@ -115,9 +167,12 @@ export async function openView(
     stopped: () => stopped,
     nothingAfter,
     load: start,
-    adopt: (next) => {
+    adopt: (next, sameStream) => {
       current = next;
-      fresh.reached(next.applied);
+      heldBefore = next.held;
+      heldSince = performance.now();
+      fresh.adopted(next.held, sameStream);
+      fresh.reached(next.held);
     },
   });
 
@@ -129,6 +184,23 @@ export async function openView(
       if (status.type === "reconnect") resync.now("the connection came back", true);
     }
   })().catch(() => {});
+
+  // A view nobody read lately checks itself, so its trouble is said without a read.
+  let checking = false;
+  const check = async (): Promise<Freshness> => {
+    checking = true;
+    try {
+      return await fresh.caughtUp();
+    } finally {
+      checking = false;
+    }
+  };
+  const checks = setInterval(() => {
+    const latest = fresh.latest();
+    if (stopped || checking || (latest !== undefined && Date.now() - latest.at < CHECK_EVERY_MS)) return;
+    void check();
+  }, CHECK_EVERY_MS / 4);
+  checks.unref();
 
   /** The record of `slot`, made as read: a delete marker whose value the view did not keep, read from the server. */
   const whole = async (generation: Generation, slot: number): Promise<KeyRecord | null> =>
@@ -182,26 +254,43 @@ export async function openView(
     return changedAfter(generation, Number(sequence));
   };
   const localSnapshot = () => ({ stamp: stampOf(current!), reads: local, changedSince });
+  /** The reads of a fresh answer: from memory once the view is proven current, else as {@link openView} says. */
+  const freshReads = async (): Promise<ReadBucket> => {
+    const freshness = await fresh.caughtUp();
+    if (freshness.current) return local;
+    if (oneReplica) return server;
+    throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${freshness.why}`);
+  };
+  const trouble = () => {
+    if (resync.reloading()) {
+      return `the view of bucket ${bucket} is loading it again; ${oneReplica ? "reads go to the server" : "fresh reads are refused"} meanwhile`;
+    }
+    const latest = fresh.latest();
+    if (latest === undefined) return `the view of bucket ${bucket} has not been confirmed current yet`;
+    return latest.freshness.current ? undefined : latest.freshness.why;
+  };
   return {
     bucket,
     loaded: first.loaded,
     local,
-    snapshot: async () =>
-      (await fresh.caughtUp())
-        ? localSnapshot()
-        : { stamp: `${view}.server.${++serverReads}`, reads: server, changedSince: () => undefined },
+    snapshot: async () => {
+      const reads = await freshReads();
+      return reads === local ? localSnapshot() : { stamp: `${view}.server.${++serverReads}`, reads, changedSince: () => undefined };
+    },
     localSnapshot,
     sequence: () => current!.applied,
     confirmedAt: () => fresh.confirmedAt(),
-    trouble: () => (resync.reloading() ? `the view of bucket ${bucket} is loading it again; reads go to the server meanwhile` : undefined),
+    check,
+    trouble,
     stop: () => {
       stopped = true;
+      clearInterval(checks);
       resync.stop();
       current!.watch.stop();
     },
-    get: async (key) => ((await fresh.caughtUp()) ? local : server).get(key),
-    last: async (key) => ((await fresh.caughtUp()) ? local : server).last(key),
-    list: async (filters, options) => ((await fresh.caughtUp()) ? local : server).list(filters, options),
-    records: async (filters, options) => ((await fresh.caughtUp()) ? local : server).records(filters, options),
+    get: async (key) => (await freshReads()).get(key),
+    last: async (key) => (await freshReads()).last(key),
+    list: async (filters, options) => (await freshReads()).list(filters, options),
+    records: async (filters, options) => (await freshReads()).records(filters, options),
   };
 }

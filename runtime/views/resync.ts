@@ -3,8 +3,9 @@
  * stream's creation time and last sequence, the number of keys against the number of subjects),
  * and when they disagree, or when asked (the view's watch ended, the connection came back), loads
  * the bucket again, switching to the new load once it is complete. A stream deleted and made
- * again, a store come back emptier, and messages removed without a delete marker (a purge, an age
- * limit) are noticed this way; no watch reports them.
+ * again and messages removed without a delete marker (a purge, an age limit) are noticed this
+ * way; no watch reports them. A store come back with less is the freshness probe's to notice
+ * (its last sequence below what the view applied, freshness.ts).
  */
 import type { JetStreamManager } from "nats";
 import type { Logger } from "pino";
@@ -40,9 +41,9 @@ export interface Resync {
 /**
  * Starts the resync of a view, whose stream was created at `created` (the stream info's): every
  * `every` ms, compares the view with its stream, and loads the bucket again (`load`, then
- * `adopt` once it is complete, stopping the load it replaces) when
- * - the stream is not the one the view loaded: created at another time, or its last sequence
- *   below the last the view applied (deleted and made again, or a store come back with less);
+ * `adopt` once it is complete, saying whether the stream is still the one loaded before, and
+ * stopping the load it replaces) when
+ * - the stream is not the one the view loaded: created at another time (deleted and made again);
  * - the view holds another number of keys than the stream has subjects: messages were removed
  *   without a marker (a purge, an age limit), or, on nats-server 2.9.10, a filtered purge moved
  *   the watch past messages it had not delivered;
@@ -70,7 +71,8 @@ export function resyncing<G extends Load>({
   stopped: () => boolean;
   nothingAfter: (sequence: number) => Promise<boolean>;
   load: () => Promise<G>;
-  adopt: (next: G) => void;
+  /** The view reads from `next` from now; `sameStream`: the stream is the one the load in hand was of. */
+  adopt: (next: G, sameStream: boolean) => void;
 }): Resync {
   const stream = `KV_${bucket}`;
   let loadedFrom = created;
@@ -82,17 +84,21 @@ export function resyncing<G extends Load>({
 
   const reload = async (why: string, trusted: boolean, streamCreated: string) => {
     log.warn({ bucket, why }, "loading the bucket again");
+    // The ask this reload answers. One made while it loads is answered by the next reload when
+    // it does not trust the load (the stream went back, the watch ended), by this one otherwise.
+    const answered = asked;
     reloading = true;
     untrusted = !trusted;
     const generation = current();
     try {
-      loading = await load();
-      await loading.loaded;
-      if (stopped()) return loading.watch.stop();
-      adopt(loading);
+      const next = await load();
+      loading = next;
+      await next.loaded;
+      if (stopped()) return next.watch.stop();
+      adopt(next, streamCreated === loadedFrom);
       loadedFrom = streamCreated;
-      asked = undefined;
-      untrusted = false;
+      if (asked === answered || asked?.trusted) asked = undefined;
+      untrusted = asked !== undefined && !asked.trusted;
       generation.watch.stop();
     } finally {
       loading = undefined;
@@ -102,19 +108,15 @@ export function resyncing<G extends Load>({
 
   const round = async () => {
     if (stopped() || reloading) return;
-    // What the view held before asking: a message it applies while the answer comes is no sequence going back.
-    const before = current();
-    const appliedBefore = before.applied;
     const { state, created: streamCreated } = await jsm.streams.info(stream);
     const generation = current();
     const { applied } = generation;
     if (asked !== undefined) return reload(asked.why, asked.trusted, streamCreated);
-    if (streamCreated !== loadedFrom || (generation === before && state.last_seq < appliedBefore)) {
-      return reload(
-        `the stream is not the one the view loaded (created ${streamCreated}, last sequence ${state.last_seq}; the view applied ${appliedBefore})`,
-        false,
-        streamCreated,
-      );
+    // A last sequence below what the view applied is not taken from here: a leader cut off from
+    // its quorum answers stream infos from a store that is behind. The view's freshness probe,
+    // which goes through the quorum, says it (freshness.ts).
+    if (streamCreated !== loadedFrom) {
+      return reload(`the stream is not the one the view loaded (created ${streamCreated}, the view's ${loadedFrom})`, false, streamCreated);
     }
     // nats-server leaves the count out when it is 0.
     const subjects = state.num_subjects ?? (state.messages === 0 ? 0 : undefined);
@@ -127,13 +129,29 @@ export function resyncing<G extends Load>({
     if (!comparable || generation.store.size === subjects) return;
     return reload(`the view holds ${generation.store.size} keys, the stream ${subjects} subjects`, false, streamCreated);
   };
-  const tick = () =>
-    round().catch((err: unknown) => {
-      // A view stopped, or a connection closing, while it asked: nothing to compare any more.
-      const code = (err as { code?: string }).code;
-      if (stopped() || code === "CONNECTION_DRAINING" || code === "CONNECTION_CLOSED") return;
-      log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream");
-    });
+  // One round at a time; a round asked for while one runs follows it.
+  let running: Promise<void> | undefined;
+  let again = false;
+  const tick = (): void => {
+    if (running !== undefined) {
+      again = true;
+      return;
+    }
+    running = round()
+      .catch((err: unknown) => {
+        // A view stopped, or a connection closing, while it asked: nothing to compare any more.
+        const code = (err as { code?: string }).code;
+        if (stopped() || code === "CONNECTION_DRAINING" || code === "CONNECTION_CLOSED") return;
+        log.warn({ bucket, err: (err as Error).message }, "cannot compare the view with the stream");
+      })
+      .finally(() => {
+        running = undefined;
+        if (again && !stopped()) {
+          again = false;
+          tick();
+        }
+      });
+  };
   const timer = setInterval(tick, every);
   timer.unref();
   return {
@@ -142,7 +160,7 @@ export function resyncing<G extends Load>({
       // An untrusted ask is not softened by a trusted one.
       asked = asked !== undefined && !asked.trusted ? asked : { why, trusted };
       if (!trusted) untrusted = true;
-      void tick();
+      tick();
     },
     stop() {
       clearInterval(timer);

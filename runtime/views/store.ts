@@ -80,6 +80,12 @@ export class RecordStore {
     return { arena: this.#chunks.reduce((n, c) => n + c.length, 0), live: this.#liveBytes };
   }
 
+  /** The revision of the record `key` holds; `undefined` when it holds none. */
+  revisionOf(key: string): number | undefined {
+    const slot = this.#slots.get(key);
+    return slot === undefined ? undefined : this.#revision[slot];
+  }
+
   /** Holds `parts` as its key's record, the one before it dropped. */
   set(parts: RecordParts): void {
     let slot = this.#slots.get(parts.key);
