@@ -1,12 +1,14 @@
 /**
  * A local NATS cluster with JetStream on loopback ports (`npm run cluster`, and the cluster tests):
  * its servers routed to each other, each with its own store, all with the users given; a server
- * can be killed and started again on the same ports and store (docs/runtime.md §6.7).
+ * can be killed and started again on the same ports and store (docs/runtime.md §6.7). Its
+ * servers may also each run at an address of its own, started by a function of the caller's
+ * (a test's hosts in network namespaces).
  */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { freePorts, spawnNatsServer, type RunningNatsServer } from "./nats-server.ts";
+import { freePorts, spawnNatsServer, type RunningNatsServer, type SpawnProcess } from "./nats-server.ts";
 import { accountsOf, userPasswords, type AuthorizedUser, type Credentials } from "./users.ts";
 
 export interface ClusterOptions {
@@ -20,14 +22,33 @@ export interface ClusterOptions {
   readonly name?: string;
   /** Each server's `max_payload` in bytes. */
   readonly maxPayload?: number;
+  /**
+   * Where each server runs, one a server (then `size` is their count): at an address of its own,
+   * with nats-server's default ports (client 4222, route 6222, monitoring 8222), its process
+   * started by `spawn`. All on 127.0.0.1 and free ports, started by node's `spawn`, by default.
+   */
+  readonly hosts?: readonly ClusterHost[];
+  /**
+   * More configuration for server `n` (1 to size), set over the generated one key by key (a
+   * `cluster` given replaces the generated block whole): `ping_interval`, `write_deadline`…
+   */
+  readonly conf?: (n: number) => Readonly<Record<string, unknown>>;
+}
+
+/** Where a server of a cluster runs: its own address, and how its process is started. */
+export interface ClusterHost {
+  /** The address every port of the server listens on, reachable from this process and the other servers. */
+  readonly address: string;
+  /** Starts the server's process; node's `spawn` by default. */
+  readonly spawn?: SpawnProcess;
 }
 
 /** One server of a {@link Cluster}, by its number (1 to size). */
 export interface ClusterServer {
   readonly name: string;
-  /** Client URL, `nats://127.0.0.1:<port>`; the same after {@link ClusterServer.start}. */
+  /** Client URL, `nats://127.0.0.1:<port>` (or its host's address); the same after {@link ClusterServer.start}. */
   readonly url: string;
-  /** Monitoring URL (`/jsz`, `/routez`…), `http://127.0.0.1:<port>`. */
+  /** Monitoring URL (`/jsz`, `/routez`…), `http://127.0.0.1:<port>` (or its host's address). */
   readonly monitor: string;
   /** The running process's pid; `undefined` while stopped. */
   readonly pid: number | undefined;
@@ -61,44 +82,46 @@ interface Jsz {
 
 /**
  * Starts a local cluster of `size` nats-servers with JetStream (default 3), routed to each other
- * on loopback ports, each with its own store under `<stateDir>/<n>/`, all with the users given
+ * on loopback ports (or one on each of `hosts`, at its address), each with its own store under `<stateDir>/<n>/`, all with the users given
  * (passwords generated once into `<stateDir>/users.json`, as the embedded server does). Resolves
  * once JetStream has a meta leader and every peer is current, so replicas 3 can be placed.
  * Throws {@link NatsServerMissing} when no `nats-server` is installed, and with the server's log
  * when one does not start.
  */
 export async function startCluster(options: ClusterOptions): Promise<Cluster> {
-  const { stateDir, size = 3, name = "mesh" } = options;
+  const { stateDir, hosts, name = "mesh" } = options;
+  const size = hosts?.length ?? options.size ?? 3;
   mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const names = options.users.map((u) => u.user);
   const passwords = userPasswords(stateDir, names);
   const accounts = accountsOf(options.users, (user) => passwords[user]!);
-  // Every port picked at once, so no two of the servers' ports are the same.
-  const picked = await freePorts(size * 3);
-  const ports = Array.from({ length: size }, (_, i) => ({
-    client: picked[3 * i]!,
-    route: picked[3 * i + 1]!,
-    monitor: picked[3 * i + 2]!,
-  }));
-  const routes = ports.map((p) => `nats-route://127.0.0.1:${p.route}`);
+  // Every loopback port picked at once, so no two of the servers' ports are the same.
+  const picked = hosts ? [] : await freePorts(size * 3);
+  const places = Array.from({ length: size }, (_, i) =>
+    hosts
+      ? { host: hosts[i]!.address, spawn: hosts[i]!.spawn, client: 4222, route: 6222, monitor: 8222 }
+      : { host: "127.0.0.1", spawn: undefined, client: picked[3 * i]!, route: picked[3 * i + 1]!, monitor: picked[3 * i + 2]! },
+  );
+  const routes = places.map((p) => `nats-route://${p.host}:${p.route}`);
 
-  const servers = ports.map((port, i) => {
+  const servers = places.map((place, i) => {
     const n = i + 1;
     const dir = join(stateDir, String(n));
     mkdirSync(dir, { recursive: true, mode: 0o700 });
     const conf = {
       server_name: `${name}-${n}`,
       jetstream: { store_dir: join(dir, "jetstream") },
-      cluster: { name, host: "127.0.0.1", port: port.route, routes },
-      http: `127.0.0.1:${port.monitor}`,
+      cluster: { name, host: place.host, port: place.route, routes },
+      http: `${place.host}:${place.monitor}`,
       ...(options.maxPayload ? { max_payload: options.maxPayload } : {}),
       accounts,
+      ...options.conf?.(n),
     };
     let running: RunningNatsServer | undefined;
     const server: ClusterServer = {
       name: conf.server_name,
-      url: `nats://127.0.0.1:${port.client}`,
-      monitor: `http://127.0.0.1:${port.monitor}`,
+      url: `nats://${place.host}:${place.client}`,
+      monitor: `http://${place.host}:${place.monitor}`,
       get pid() {
         return running?.pid;
       },
@@ -109,7 +132,13 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
         running = undefined;
       },
       start: async () => {
-        running ??= await spawnNatsServer({ conf, confFile: join(dir, "nats-server.conf"), port: port.client });
+        running ??= await spawnNatsServer({
+          conf,
+          confFile: join(dir, "nats-server.conf"),
+          port: place.client,
+          host: place.host,
+          spawn: place.spawn,
+        });
       },
     };
     const stopServer = async () => {
@@ -124,7 +153,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   };
   const jsz = async (server: ClusterServer): Promise<Jsz | undefined> => {
     if (server.pid === undefined) return undefined;
-    return (await fetch(`${server.monitor}/jsz`)
+    // A server that does not answer within 2 s (stopped, cut off) is seen without a leader.
+    return (await fetch(`${server.monitor}/jsz`, { signal: AbortSignal.timeout(2000) })
       .then((r) => r.json())
       .catch(() => undefined)) as Jsz | undefined;
   };

@@ -2,7 +2,7 @@
  * Finding and spawning a `nats-server` process with a conf of our own (the embedded server, the
  * local cluster, the test buses), on a free loopback port, and stopping it. A leaf.
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess, type SpawnOptions as ProcessOptions } from "node:child_process";
 import { accessSync, constants, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { delimiter, join } from "node:path";
@@ -93,7 +93,22 @@ export interface RunningNatsServer {
   stop(): Promise<void>;
 }
 
-export interface SpawnOptions {
+/**
+ * How a server's process is started: node's `spawn` by default. Another function may start it
+ * elsewhere, e.g. inside a network namespace (`ip netns exec <ns> <command> …`, which execs, so
+ * the child's pid stays the server's), given the same command, arguments and options.
+ */
+export type SpawnProcess = (command: string, args: readonly string[], options: ProcessOptions) => ChildProcess;
+
+/** Where a server listens and how its process is started; both optional. */
+export interface ServerPlace {
+  /** The address the client port listens on: 127.0.0.1 by default. */
+  readonly host?: string;
+  /** Starts the process: node's `spawn` by default. */
+  readonly spawn?: SpawnProcess;
+}
+
+export interface SpawnOptions extends ServerPlace {
   /**
    * The server's configuration: an object, written as JSON (which nats-server's configuration
    * format accepts), or configuration text. `host` and `port` are added to either.
@@ -101,7 +116,7 @@ export interface SpawnOptions {
   readonly conf: Record<string, unknown> | string;
   /** Where the configuration file is written. */
   readonly confFile: string;
-  /** Loopback port to listen on; a free one when absent. */
+  /** Port to listen on; a free loopback one when absent. */
   readonly port?: number;
   /** The server's environment (variables a text configuration refers to as `$NAME`). */
   readonly env?: NodeJS.ProcessEnv;
@@ -122,28 +137,34 @@ function stopChild(child: ChildProcess): Promise<void> {
 }
 
 /**
- * Starts `nats-server -c confFile` on 127.0.0.1 and resolves once it logs that it is ready.
+ * Starts `nats-server -c confFile` on 127.0.0.1 (or `host`) and resolves once it logs that it is ready.
  * The child is killed if this process exits first. Rejects with the server's last log lines
  * when it exits or is not ready within 20 s; throws {@link NatsServerMissing}.
  */
 export async function spawnNatsServer(options: SpawnOptions): Promise<RunningNatsServer> {
   const port = options.port ?? (await freePort());
+  const host = options.host ?? "127.0.0.1";
   const text =
     typeof options.conf === "string"
-      ? `${options.conf}\nhost: "127.0.0.1"\nport: ${port}\n`
-      : JSON.stringify({ ...options.conf, host: "127.0.0.1", port }, null, 2);
+      ? `${options.conf}\nhost: ${JSON.stringify(host)}\nport: ${port}\n`
+      : JSON.stringify({ ...options.conf, host, port }, null, 2);
   writeFileSync(options.confFile, text, { mode: 0o600 });
-  return startNatsServer(options.confFile, port, options.env);
+  return startNatsServer(options.confFile, port, options.env, options);
 }
 
 /**
  * Starts `nats-server -c confFile` on a configuration file as it is written, which listens on
- * 127.0.0.1:`port`, and resolves once it logs that it is ready; as {@link spawnNatsServer} does.
+ * 127.0.0.1:`port` (or `place.host`), and resolves once it logs that it is ready; as {@link spawnNatsServer} does.
  */
-export async function startNatsServer(confFile: string, port: number, env?: NodeJS.ProcessEnv): Promise<RunningNatsServer> {
+export async function startNatsServer(
+  confFile: string,
+  port: number,
+  env?: NodeJS.ProcessEnv,
+  place: ServerPlace = {},
+): Promise<RunningNatsServer> {
   const bin = findNatsServer(env);
   // Its own process group: a terminal's Ctrl-C reaches this process, which stops the child in order.
-  const child = spawn(bin, ["-c", confFile], {
+  const child = (place.spawn ?? spawn)(bin, ["-c", confFile], {
     stdio: ["ignore", "ignore", "pipe"],
     detached: true,
     env: env ?? process.env,
@@ -174,7 +195,7 @@ export async function startNatsServer(confFile: string, port: number, env?: Node
     });
   });
   return {
-    url: `nats://127.0.0.1:${port}`,
+    url: `nats://${place.host ?? "127.0.0.1"}:${port}`,
     port,
     pid: child.pid!,
     stop: () => stopChild(child),
