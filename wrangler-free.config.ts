@@ -33,9 +33,15 @@ export default defineConfig({
   },
 
   // docs/failing.md §5: what a provider publishes, `{provider}` being its name.
-  // docs/rotation.md §8: what it publishes when it rotated a credential, and where it learns the old one has no holder left.
+  // docs/rotation.md §8: what it publishes when it rotated a credential, where it learns the old one has no holder left,
+  // and how it acknowledges that it did.
   providers: {
-    publish: ["{provider}.provisioner.failing", "{provider}.provisioner.recovered", "{provider}.provisioner.rotated"],
+    publish: [
+      "{provider}.provisioner.failing",
+      "{provider}.provisioner.recovered",
+      "{provider}.provisioner.rotated",
+      "{provider}.provisioner.acknowledged",
+    ],
     receive: ["mesh-provisioner.released.{provider}"],
   },
 
@@ -52,8 +58,9 @@ export default defineConfig({
   // docs/state.md §7: how long a module may be never-ran or pending before it is Late.
   provisioning: { graceSeconds: 600 },
 
-  // docs/rotation.md §8.4: how long a holder may stay stale, and how long and how often stale nodes are noticed again.
-  rotation: { graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60 },
+  // docs/rotation.md §8.4: how long a holder may stay stale, how long and how often stale nodes are noticed again,
+  // and how often a release not acknowledged is published again.
+  rotation: { graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60, releaseEverySeconds: 10 },
 
   // docs/failing.md §5, optional: raise failing providers to Prometheus Alertmanager.
   // alerts: { alertmanager: "http://127.0.0.1:9093" },

@@ -23,6 +23,9 @@ export interface ReleasedNotice {
   readonly revision: string;
   readonly at: string;
   readonly holders: number;
+  /** Both, when the rotation released was of that one holder's credential. */
+  readonly machine?: string;
+  readonly consumer?: string;
 }
 
 /** What a provider client does. Every method checks its arguments before anything is sent and throws a `ClientArgumentError` naming the first bad one. */
@@ -39,7 +42,14 @@ export interface ProviderClient {
    * changed. Resolves with the stream's sequence once stored.
    */
   rotated(provision: string, revision: string, holder?: { readonly machine?: string; readonly consumer?: string }): Promise<number>;
-  /** Calls `handler` with each release on `mesh-provisioner.released.<provider>` until stopped; one out of shape is skipped. */
+  /**
+   * Calls `handler` once with each release of this provider's rotations (docs/rotation.md §8.6)
+   * until stopped, then acknowledges it (`<provider>.provisioner.acknowledged`), so it is
+   * published no more: those on `mesh-provisioner.released.<provider>`, and, at once and after
+   * each reconnect, those released while this client was away and not acknowledged yet (asked
+   * with `what=rotations`). A handler that throws is not acknowledged: the release comes again.
+   * One out of shape is skipped.
+   */
   onReleased(handler: (released: ReleasedNotice) => void | Promise<void>): { stop(): void };
   /** Every holder of `provision` across the mesh (docs/rotation.md §8.1), every page. */
   holders(provision: string): Promise<unknown[]>;
@@ -47,7 +57,20 @@ export interface ProviderClient {
   close(): Promise<void>;
 }
 
-const released = z.object({ provision: z.string(), revision: z.string(), at: z.string(), holders: z.number() });
+const released = z.object({
+  provision: z.string(),
+  revision: z.string(),
+  at: z.string(),
+  holders: z.number(),
+  machine: z.string().optional(),
+  consumer: z.string().optional(),
+});
+/** A kept rotation as `what=rotations` answers it: the fields a release is made of, and whether it was released and acknowledged. */
+const releasedRotation = released.extend({
+  releasedAt: z.string().nullable(),
+  releases: z.number().optional(),
+  acknowledgedAt: z.string().nullable().optional(),
+});
 
 /**
  * Connects as provider `options.provider` (docs/client.md §9.2). Throws a `ClientArgumentError`
@@ -90,7 +113,56 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
       const event = { provision, revision, at: new Date().toISOString(), ...holder };
       return publish("rotated", checked("", rotatedEvent, event));
     },
-    onReleased: (handler) => listen(mesh.nc, releasedSubject(provider), released, handler),
+    onReleased(handler) {
+      if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
+      // By rotation and revision: "handling" while the handler runs, "done" once it returned.
+      const seen = new Map<string, "handling" | "done">();
+      const acknowledge = (r: ReleasedNotice) => {
+        const holder = r.machine === undefined ? {} : { machine: r.machine, consumer: r.consumer };
+        return publish("acknowledged", { provision: r.provision, revision: r.revision, at: new Date().toISOString(), ...holder });
+      };
+      const deliver = async (r: ReleasedNotice) => {
+        const id = JSON.stringify([r.provision, r.machine ?? null, r.consumer ?? null, r.revision]);
+        const was = seen.get(id);
+        if (was === "handling") return;
+        // Handled already, and published again: the acknowledgement was lost or not followed yet.
+        if (was === "done") return void (await acknowledge(r).catch(() => {}));
+        seen.set(id, "handling");
+        try {
+          await handler(r);
+        } catch {
+          seen.delete(id);
+          return;
+        }
+        seen.set(id, "done");
+        await acknowledge(r).catch(() => {});
+      };
+      let stopped = false;
+      /** The releases published while this client was away, not acknowledged yet: asked of the set. */
+      const missed = async () => {
+        const { entries } = await allPages<unknown>(mesh, { what: "rotations", provider });
+        for (const entry of entries) {
+          const r = releasedRotation.safeParse(entry);
+          if (stopped || !r.success || r.data.releasedAt === null || r.data.acknowledgedAt !== null || r.data.releases === 0) continue;
+          const { releasedAt: _r, releases: _n, acknowledgedAt: _a, ...notice } = r.data;
+          await deliver(notice);
+        }
+      };
+      const listening = listen(mesh.nc, releasedSubject(provider), released, deliver);
+      void missed().catch(() => {});
+      void (async () => {
+        for await (const s of mesh.nc.status()) {
+          if (stopped) break;
+          if (s.type === "reconnect") void missed().catch(() => {});
+        }
+      })();
+      return {
+        stop: () => {
+          stopped = true;
+          listening.stop();
+        },
+      };
+    },
     async holders(provision) {
       return (await allPages(mesh, { what: "holders", provision: tokenArg("provision", provision) })).entries;
     },

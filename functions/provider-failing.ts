@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, EVENTS_STREAM, notAhead, failingEvent, providerOf } from "./_lib/follower.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, storedOf, failingEvent, providerOf } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({
@@ -9,7 +9,7 @@ export default defineFunction({
   access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
-    notAhead(event.at, ctx.clock.now());
+    notAhead(event.at, storedOf(ctx.trigger).at);
     const change = await applyEvent(ctx.buckets.failing, provider, { kind: "failing", event }, ctx.views.failing.local);
     ctx.log.debug({ provider, machine: event.machine, consumer: event.consumer, change }, "failing");
     return { change };

@@ -1,5 +1,5 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, EVENTS_STREAM, notAhead, providerOf, recoveredEvent } from "./_lib/follower.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, storedOf, providerOf, recoveredEvent } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({
@@ -9,7 +9,7 @@ export default defineFunction({
   access: { writes: ["failing"], views: ["failing"] },
   handler: async (event, ctx) => {
     const provider = providerOf(ctx.trigger);
-    notAhead(event.at, ctx.clock.now());
+    notAhead(event.at, storedOf(ctx.trigger).at);
     const change = await applyEvent(ctx.buckets.failing, provider, { kind: "recovered", event }, ctx.views.failing.local);
     ctx.log.debug({ provider, machine: event.machine, consumer: event.consumer, change }, "recovered");
     return { change };

@@ -1,26 +1,27 @@
-import { defineFunction, RevisionConflict } from "../runtime/index.ts";
-import { appliedIndex } from "./_lib/applied.ts";
+import { defineFunction, RevisionConflict, type Snapshot } from "../runtime/index.ts";
 import { HEADROOM } from "./_lib/provisioning.ts";
 import {
-  heldIn,
-  holdersIndex,
   refreshSubject,
   releasedSubject,
   rotationConfig,
-  rotationsIn,
-  rotationStates,
+  rotationsNow,
   type Rotation,
+  type RotationConfig,
+  type RotationState,
   type RotationValue,
+  type StaleHolder,
 } from "./_lib/rotation.ts";
 
 /**
- * docs/rotation.md §8.5, docs/rotation.md §8.6: every second (claimed, so one replica a second), each kept rotation's
- * nodes with a stale holder are noticed at once and again every `renoticeEverySeconds` for
- * `renoticeMinutes`, and once no holder holds the rotation back the provider is told, once. What
+ * docs/rotation.md §8.5, docs/rotation.md §8.6: every second (claimed, so one replica a second),
+ * each kept rotation's nodes with a stale holder are noticed at once and again every
+ * `renoticeEverySeconds` for `renoticeMinutes`, released or not; once no holder holds it back the
+ * provider is told, once, and told again every `releaseEverySeconds` until it acknowledges. What
  * was noticed and released is written in the rotation's record (compare-and-set) once published.
  */
 export default defineFunction({
-  description: "Notices nodes holding a rotated provision (mesh-provisioner.refresh.<node>) and tells the provider when none is stale.",
+  description:
+    "Notices nodes holding a rotated provision (mesh-provisioner.refresh.<node>) and tells the provider when none is stale, until it acknowledges.",
   triggers: [{ cron: "* * * * * *" }],
   config: rotationConfig,
   access: {
@@ -29,45 +30,29 @@ export default defineFunction({
     publishes: ["mesh-provisioner.refresh.*", "mesh-provisioner.released.*"],
   },
   handler: async (_input, ctx) => {
-    const { renoticeMinutes, renoticeEverySeconds } = ctx.config.rotation;
-    // Nothing to do while every kept rotation is released, as the view holds them: no request to the server.
-    if ((await rotationsIn(ctx.views.rotations.localSnapshot().reads)).rotations.every((r) => r.releasedAt !== null)) {
-      return { noticed: 0, released: 0 };
-    }
-    const [rotations, needs, applied] = await Promise.all([
-      ctx.views.rotations.snapshot(),
-      ctx.views.needs.snapshot(),
-      ctx.views.applied.snapshot(),
-    ]);
-    const { rotations: kept } = await rotationsIn(rotations.reads);
-    // A released rotation is done with.
-    if (kept.every((r) => r.releasedAt !== null)) return { noticed: 0, released: 0 };
-    const { states, stale } = rotationStates(kept, await holdersIndex(needs), heldIn(await appliedIndex(applied)));
     const now = ctx.clock.now();
+    const { views } = ctx;
+    // First from what the views hold, without asking the server: most seconds nothing is due.
+    const local = await dueOf([views.rotations.localSnapshot(), views.needs.localSnapshot(), views.applied.localSnapshot()]);
+    if (local.length === 0) return { noticed: 0, released: 0 };
+    const due = await dueOf(await Promise.all([views.rotations.snapshot(), views.needs.snapshot(), views.applied.snapshot()]));
     let noticed = 0;
     let released = 0;
-    for (const [i, r] of kept.entries()) {
-      if (r.releasedAt !== null) continue;
-      const held = stale.get(r.key)!;
-      if (states[i]!.stale === 0) {
+    for (const { rotation: r, state, release, nodes, byNode, again } of due) {
+      const { provider, provision, revision, at } = r;
+      let change: Partial<RotationValue> = {};
+      if (release !== undefined) {
         // Published, then written: a replica stopped in between leaves it to the next run, so the
         // provider hears it at least once; the claim of each second keeps it to one replica.
-        const { provision, revision, at } = r;
-        if (!send(releasedSubject(r.provider), { provision, revision, at, holders: states[i]!.holders })) continue;
-        if (await record(r, { releasedAt: now.toISOString() })) released++;
-        continue;
+        const holder = r.machine === undefined ? {} : { machine: r.machine, consumer: r.consumer };
+        if (!send(releasedSubject(provider), { provision, revision, at, holders: state.holders, ...holder })) continue;
+        const sentAt = now.toISOString();
+        // A holder appearing after the release is a node not noticed yet: noticed at once.
+        change =
+          release === "first"
+            ? { releasedAt: sentAt, releaseSentAt: sentAt, releases: 1, noticedNodes: [] }
+            : { releaseSentAt: sentAt, releases: r.releases + 1 };
       }
-      if (held.length === 0) continue;
-      const byNode = new Map<string, Set<string>>();
-      for (const h of held) byNode.set(h.node, (byNode.get(h.node) ?? new Set()).add(h.module));
-      const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
-      const within = now.getTime() - Date.parse(r.arrivedAt) <= renoticeMinutes * 60_000;
-      const again = r.noticedAt === null || (within && since >= renoticeEverySeconds * 1000);
-      // A node with a stale holder never noticed of this rotation (a need written since) is noticed at once.
-      const told = new Set(r.noticedNodes);
-      const nodes = [...byNode.keys()].filter((node) => again || !told.has(node));
-      if (nodes.length === 0) continue;
-      const { provider, provision, revision, at } = r;
       let sent = 0;
       for (const node of nodes) {
         // A node holding more modules than one message carries gets several.
@@ -75,12 +60,21 @@ export default defineFunction({
           if (send(refreshSubject(node), part)) sent++;
         }
       }
-      if (sent === 0) continue;
-      const noticedNodes = [...new Set([...r.noticedNodes, ...nodes])].sort();
-      const change = again ? { noticedAt: now.toISOString(), notices: r.notices + 1, noticedNodes } : { noticedNodes };
-      if (await record(r, change)) noticed += sent;
+      if (sent > 0) {
+        const noticedNodes = [...new Set([...r.noticedNodes, ...nodes])].sort();
+        change = { ...change, ...(again ? { noticedAt: now.toISOString(), notices: r.notices + 1, noticedNodes } : { noticedNodes }) };
+      }
+      if (Object.keys(change).length === 0 || !(await record(r, change))) continue;
+      noticed += sent;
+      if (release === "first") released++;
     }
     return { noticed, released };
+
+    /** What is due now for each kept rotation, from these snapshots of the rotations, needs and applied buckets. */
+    async function dueOf([rotations, needs, applied]: Snapshot[]): Promise<Due[]> {
+      const { kept, states, stale } = await rotationsNow(rotations!, needs!, applied!);
+      return kept.flatMap((r, i) => dueFor(r, states[i]!, stale.get(r.key)!, now, ctx.config.rotation) ?? []);
+    }
 
     /** Publishes one notice or release; a publish that fails is logged and tried again at the next run. */
     function send(subject: string, body: unknown): boolean {
@@ -122,3 +116,43 @@ export default defineFunction({
     }
   },
 });
+
+/** What is due for one rotation: its release (the first, or again), and the nodes to notice. */
+interface Due {
+  readonly rotation: Rotation;
+  readonly state: RotationState;
+  readonly release?: "first" | "again";
+  readonly nodes: readonly string[];
+  readonly byNode: ReadonlyMap<string, ReadonlySet<string>>;
+  /** Whether this is a notice of every stale node again (rather than only of those not noticed yet). */
+  readonly again: boolean;
+}
+
+/**
+ * What is due at `now` for rotation `r` (docs/rotation.md §8.5, §8.6), or nothing: the first
+ * release once no holder holds it back; the release again every `releaseEverySeconds` until the
+ * provider acknowledges (not for a release of an earlier version, which published it once); a
+ * notice to each node with a stale holder at once, and to all of them again every
+ * `renoticeEverySeconds` for `renoticeMinutes` after the rotation arrived.
+ */
+function dueFor(r: Rotation, state: RotationState, held: readonly StaleHolder[], now: Date, config: RotationConfig): Due | undefined {
+  const sinceRelease = r.releaseSentAt === null ? 0 : now.getTime() - Date.parse(r.releaseSentAt);
+  const release =
+    r.releasedAt === null
+      ? state.stale === 0
+        ? "first"
+        : undefined
+      : r.acknowledgedAt === null && r.releases > 0 && sinceRelease >= config.releaseEverySeconds * 1000
+        ? "again"
+        : undefined;
+  const byNode = new Map<string, Set<string>>();
+  for (const h of held) byNode.set(h.node, (byNode.get(h.node) ?? new Set()).add(h.module));
+  const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
+  const within = now.getTime() - Date.parse(r.arrivedAt) <= config.renoticeMinutes * 60_000;
+  const again = r.noticedAt === null || (within && since >= config.renoticeEverySeconds * 1000);
+  // A node with a stale holder never noticed of this rotation (a need written since, or since the release) is noticed at once.
+  const told = new Set(r.noticedNodes);
+  const nodes = [...byNode.keys()].filter((node) => again || !told.has(node));
+  if (release === undefined && nodes.length === 0) return undefined;
+  return { rotation: r, state, ...(release === undefined ? {} : { release }), nodes, byNode, again };
+}

@@ -30,6 +30,7 @@ export type {
   WriteBucket,
 } from "./types.ts";
 export type { ReadStream, StreamMessage } from "./streams.ts";
+export { nanosOfTime } from "./buckets.ts";
 export { defineConfig, loadConfig, resolveConfig, configPath, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
 export { ServiceError, RevisionConflict, badInput, formatIssues } from "./errors.ts";
 export { HtmlText, JsonText, WithStatus } from "./json.ts";

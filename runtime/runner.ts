@@ -13,9 +13,10 @@ import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
 import { HtmlText, JsonText, WithStatus } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
-import type { Recorder } from "./records.ts";
+import type { Delivered, Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
 import { watchCapacity } from "./capacity.ts";
+import { serverClock } from "./server-clock.ts";
 import type { Clock, Outcome, RawInput, Refusal, StoreUse, StreamUse } from "./types.ts";
 
 /** Runs the functions of a set on one connection, with their storage, metrics and records. */
@@ -27,6 +28,8 @@ export interface Runner {
   readonly records: Recorder;
   /** The runtime's Prometheus metrics and the functions' own. */
   readonly metrics: Metrics;
+  /** The clock functions read: the server's (docs/runtime.md §6.15) unless one was given. */
+  readonly clock: Clock;
   /** The `ctx` a function gets for one run: only what it declared. */
   context(fn: LoadedFunction, trigger: TriggerInfo): AnyContext;
   /**
@@ -49,6 +52,7 @@ export interface RunnerOptions {
   readonly nc: NatsConnection;
   readonly config: Config;
   readonly log: Logger;
+  /** The clock functions read; the server's ({@link serverClock}, docs/runtime.md §6.15) when absent. */
   readonly clock?: Clock;
   /** The functions whose `access.views` are kept live and whose metrics are declared; none when absent. */
   readonly functions?: readonly LoadedFunction[];
@@ -71,6 +75,12 @@ function parsePayload(input: RawInput): { ok: true; value: unknown } | { ok: fal
   }
 }
 
+/** Where a refused event came from, for the records to count it once: with a stream only. */
+const deliveredOf = (trigger: Extract<TriggerInfo, { kind: "event" }>): Delivered | undefined =>
+  trigger.stream === undefined || trigger.sequence === undefined
+    ? undefined
+    : { stream: trigger.stream, created: trigger.streamCreated ?? "", sequence: trigger.sequence, ackFloor: trigger.ackFloor ?? 0 };
+
 /** A refused request was answered; a refused event is kept nowhere but in the records. */
 const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn" : "info");
 
@@ -83,7 +93,7 @@ export async function openRunner({
   nc,
   config,
   log,
-  clock = { now: () => new Date() },
+  clock: given,
   functions = [],
   unreachable = () => undefined,
   streams = () => ({}),
@@ -96,6 +106,9 @@ export async function openRunner({
     functions.filter((fn) => fn.triggers.some((t) => "event" in t)).map((fn) => fn.name),
   );
   const { records } = storage;
+  const serverTime = given === undefined ? serverClock(storage.clockSample, log) : undefined;
+  await serverTime?.measure();
+  const clock = given ?? serverTime!;
   const capacity = watchCapacity(nc, config, log, () => unreachable() !== undefined);
   const store = (): StoreUse => ({ ...capacity.state(), streams: streams() });
   const metrics = createMetrics(store);
@@ -150,17 +163,22 @@ export async function openRunner({
     if (outcome.ok && (trigger.kind === "cron" || trigger.kind === "start")) {
       log.debug({ function: fn.name, trigger: { kind: trigger.kind }, result: outcome.value }, "scheduled run done");
       await records
-        .ran(fn.name, { at: new Date(), trigger: trigger.kind })
+        .ran(fn.name, { at: clock.now(), trigger: trigger.kind })
         .catch((err: unknown) => log.warn({ function: fn.name, err }, "scheduled run not recorded"));
     }
     if (!outcome.ok && outcome.error.code < 500 && trigger.kind === "event") {
       metrics.refused.inc({ function: fn.name });
       try {
-        await records.refused(
+        const forgotten = await records.refused(
           fn.name,
-          { subject: trigger.subject, reason: outcome.error.message, at: new Date().toISOString() },
-          trigger.sequence,
+          { subject: trigger.subject, reason: outcome.error.message, at: clock.now().toISOString() },
+          deliveredOf(trigger),
         );
+        if (forgotten > 0)
+          log.warn(
+            { function: fn.name, stream: trigger.stream, forgotten },
+            "the refused events' record is full: its oldest counted sequences are forgotten, and counted again if delivered again",
+          );
       } catch (err) {
         log.error({ function: fn.name, err }, "refused event not counted; it will be delivered again");
         return { ok: false, error: { code: 500, message: refusalMessage(`the refusal could not be counted: ${(err as Error).message}`) } };
@@ -185,6 +203,7 @@ export async function openRunner({
     log,
     records,
     metrics,
+    clock,
     context,
     run,
     reassert: async () => {
@@ -193,6 +212,7 @@ export async function openRunner({
     },
     notReady: () => [...storage.notReady(), ...capacity.notReady()],
     close: () => {
+      serverTime?.stop();
       capacity.stop();
       storage.close();
     },

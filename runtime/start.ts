@@ -212,6 +212,7 @@ export async function start(options: StartOptions): Promise<Running> {
       log,
       run: opened.run,
       claim: opened.records.claim,
+      clock: opened.clock,
       service: serviceOf(config),
       graceMs,
       probes: {

@@ -7,9 +7,10 @@ import { randomUUID } from "node:crypto";
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
-import { readBucket, writeBucket } from "./buckets.ts";
+import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
+import type { ClockSample } from "./server-clock.ts";
 import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
 import { loadProgress, openView, type LiveView, type ProgressOptions } from "./views/index.ts";
 
@@ -28,11 +29,16 @@ export interface Storage {
    * an empty store); creates what is missing, empties nothing. Throws as {@link assertBuckets}.
    */
   reassert(): Promise<void>;
+  /** A write of the runtime's key `clock` and the server's time of it (docs/runtime.md §6.15). */
+  clockSample(): Promise<ClockSample>;
   /** Why reads cannot be served from memory now: views that cannot be confirmed current, and why (docs/verb.md §4.6.2). */
   notReady(): string[];
   /** Stops the live views. */
   close(): void;
 }
+
+/** The key of the runtime's bucket written to read the server's time (docs/runtime.md §6.15). */
+export const CLOCK_KEY = "clock";
 
 /** A bucket read from the server both ways, where no live view is kept: each snapshot is a new one. */
 function serverView(server: ReadBucket): ViewBucket {
@@ -100,6 +106,14 @@ export async function openStorage(
       recordsView!,
     ),
     reassert: async () => void (await assertBuckets(nc, config, log)),
+    async clockSample() {
+      const sentAt = Date.now();
+      const seq = await kvs.get(RECORDS)!.put(CLOCK_KEY, "");
+      const ackedAt = Date.now();
+      // The stream leader's stored time, by sequence (a direct get may be answered by a replica behind).
+      const stored = await (await nc.jetstreamManager()).streams.getMessage(`KV_${recordsBucket(config.seat)}`, { seq });
+      return { sentAt, ackedAt, storedAt: nanosOfTime(stored.timestamp) / 1e6 };
+    },
     notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []),
     close: () => {
       for (const view of views.values()) view.stop();

@@ -6,6 +6,7 @@
  */
 import type { NatsConnection } from "nats";
 import { ServiceError } from "./errors.ts";
+import { READ_DEADLINE_MS } from "./views/index.ts";
 
 /** One stored message of a stream. */
 export interface StreamMessage {
@@ -33,7 +34,12 @@ export interface ReadStream {
 
 /** Gets asked at once while walking a stream. */
 export const GETS = 64;
-const TIMEOUT_MS = 5000;
+/**
+ * How long each request of a read waits for its answer, in milliseconds: a read's deadline
+ * (docs/verb.md §4.6), so a read in flight when the server stops answering ends with a 503
+ * within it.
+ */
+const TIMEOUT_MS = READ_DEADLINE_MS;
 
 type GetAnswer = {
   error?: { code?: number; description?: string };

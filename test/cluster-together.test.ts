@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { afterEach, describe, it } from "vitest";
 import { startTestCluster, type TestCluster } from "../runtime/testing.ts";
-import { killGroups, projectConfig, ROOT, SHIPPED_CONFIG } from "./helpers.ts";
+import { bannerUrl, killGroups, projectConfig, ROOT, SHIPPED_CONFIG } from "./helpers.ts";
 
 const BIN = join(ROOT, "bin", "mesh-provisioner.mjs");
 const ROUNDS = 10;
@@ -43,16 +43,7 @@ function startReplica(cluster: TestCluster, n: number, round: number): Promise<s
   spawned.push(child);
   // Its log lines are read and dropped: a pipe nobody reads would hold the replica's writes.
   child.stdout!.resume();
-  let err = "";
-  return new Promise((resolve, reject) => {
-    child.stderr!.on("data", (d) => {
-      err += d;
-      if (/\n {2}status .*\n/.test(err)) resolve(/^HTTP {2}(\S+)$/m.exec(err)![1]!);
-    });
-    child.once("exit", (code, signal) =>
-      reject(new Error(`round ${round}: the replica on server ${n} exited (${code ?? signal}): ${err}`)),
-    );
-  });
+  return bannerUrl(child, `round ${round}: the replica on server ${n}`);
 }
 
 /** Waits until `GET /readyz` answers 200, for at most {@link READY_MS}; throws with the reasons it last gave. */

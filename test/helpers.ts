@@ -93,6 +93,21 @@ export async function request(nc: NatsConnection, subject: string, payload: unkn
   };
 }
 
+/**
+ * Resolves with the HTTP URL a spawned `mesh-provisioner start` prints in its banner (on stderr);
+ * rejects with its stderr when it exits first.
+ */
+export function bannerUrl(child: ChildProcess, what = "the set"): Promise<string> {
+  let err = "";
+  return new Promise((resolve, reject) => {
+    child.stderr!.on("data", (d) => {
+      err += d;
+      if (/\n {2}status .*\n/.test(err)) resolve(/^HTTP {2}(\S+)$/m.exec(err)![1]!);
+    });
+    child.once("exit", (code, signal) => reject(new Error(`${what} exited (${code ?? signal}): ${err}`)));
+  });
+}
+
 /** Waits until `check` holds, polling every 50 ms; throws after `timeoutMs` naming what was awaited. */
 export async function until(check: () => boolean | Promise<boolean>, timeoutMs = 15_000, what = String(check)): Promise<void> {
   const deadline = Date.now() + timeoutMs;

@@ -168,8 +168,8 @@ describe("the seat's permissions, derived from the functions", () => {
       expect(subject).not.toMatch(/^\$JS\.(API\.)?>$|^\$KV\.>$|^>$/);
     }
     expect(publish.allow.filter((s) => s.startsWith("$KV."))).toEqual([
-      "$KV.mesh-provisioner_failing.>",
       "$KV.mesh-provisioner_rotations.>",
+      "$KV.mesh-provisioner_failing.>",
       "$KV.mesh-provisioner_registry.>",
       "$KV.mesh-provisioner_runtime.>",
       "$KV.mesh-provisioner_claims.>",

@@ -10,19 +10,22 @@ const decoder = new TextDecoder("utf-8", { fatal: true });
 /** The longest `error` kept, in characters; a longer one is cut and marked with `…`. */
 export const MAX_ERROR = 1024;
 
-export type AppliedFields = { error?: string; revisions?: Record<string, string>; bad: string[] };
+/** What is read of an applied record; `revisionsUnread` when its revisions cannot be read (not JSON, not an object, not an object of strings). */
+export type AppliedFields = { error?: string; revisions?: Record<string, string>; bad: string[]; revisionsUnread?: true };
 /** The fields of an applied record this project reads (docs/state.md §7.2); a field of the wrong type is read as absent and said. */
 export function appliedOf(entry: Entry): AppliedFields {
   let value: unknown;
   try {
     value = JSON.parse(decoder.decode(entry.value));
   } catch (err) {
-    return { bad: [`applied value is not JSON: ${(err as Error).message}`] };
+    return { bad: [`applied value is not JSON: ${(err as Error).message}`], revisionsUnread: true };
   }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return { bad: ["applied value is not a JSON object"] };
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    return { bad: ["applied value is not a JSON object"], revisionsUnread: true };
+  }
   const { error, revisions } = value as { error?: unknown; revisions?: unknown };
   const bad: string[] = [];
-  const read: { error?: string; revisions?: Record<string, string> } = {};
+  const read: { error?: string; revisions?: Record<string, string>; revisionsUnread?: true } = {};
   if (error !== undefined) {
     if (typeof error === "string") read.error = cutText(error, MAX_ERROR);
     else bad.push("applied record's error is not a string");
@@ -34,7 +37,10 @@ export function appliedOf(entry: Entry): AppliedFields {
       !Array.isArray(revisions) &&
       Object.values(revisions).every((r) => typeof r === "string");
     if (ok) read.revisions = revisions as Record<string, string>;
-    else bad.push("applied record's revisions is not an object of strings");
+    else {
+      bad.push("applied record's revisions is not an object of strings");
+      read.revisionsUnread = true;
+    }
   }
   return { ...read, bad };
 }

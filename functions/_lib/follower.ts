@@ -96,18 +96,31 @@ export function keptOf(record: KeyRecord | null): Kept {
     : { state: "recovered", revision: record.revision, at: value.recovered, ...(value.since ? { since: value.since } : {}) };
 }
 
-/** How far ahead of this server's clock an event's `at` may be, in milliseconds. */
+/** How far ahead of the server's clock an event's `at` may be, in milliseconds. */
 export const MAX_AHEAD_MS = 5 * 60 * 1000;
 
 /**
- * Refuses (400) an event stamped more than {@link MAX_AHEAD_MS} after `now`: kept, it would
- * win over every true event until that time came, so a provider's wrong clock is said instead.
+ * Refuses (400) an event stamped more than {@link MAX_AHEAD_MS} after `storedAt`, the server's
+ * time of the message in hand (docs/failing.md §5.3): kept, it would win over every true event
+ * until that time came, so a provider's wrong clock is said instead. Judged on the server's time
+ * alone, so a refusal is about the sender's clock, never the set's.
  */
-export function notAhead(at: string, now: Date): void {
-  const ahead = Date.parse(at) - now.getTime();
+export function notAhead(at: string, storedAt: Date): void {
+  const ahead = Date.parse(at) - storedAt.getTime();
   if (ahead > MAX_AHEAD_MS) {
-    throw badInput(`at: ${at} is ${Math.round(ahead / 60_000)} minutes ahead of this server's clock; is the provider's clock right?`);
+    throw badInput(
+      `at: ${at} is ${Math.round(ahead / 60_000)} minutes ahead of the server's time of the event; is the provider's clock right?`,
+    );
   }
+}
+
+/**
+ * When the server stored the event in hand (docs/failing.md §5.3), as a date and in nanoseconds
+ * since the epoch; a 400 for a run that is no stored event.
+ */
+export function storedOf(trigger: TriggerInfo): { at: Date; nanos: number } {
+  if (trigger.kind !== "event" || trigger.storedAt === undefined) throw badInput("an event is followed from the events stream");
+  return { at: trigger.storedAt, nanos: trigger.storedNanos ?? trigger.storedAt.getTime() * 1e6 };
 }
 
 /** What one event did to the state. */

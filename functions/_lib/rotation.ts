@@ -5,18 +5,18 @@
  */
 import { z } from "zod";
 import {
-  badInput,
   formatIssues,
   keyedSerial,
+  nanosOfTime,
   RevisionConflict,
   type Entry,
   type ReadBucket,
   type Snapshot,
   type WriteBucket,
 } from "../../runtime/index.ts";
-import { appliedOf } from "./applied.ts";
+import { appliedIndex, appliedOf } from "./applied.ts";
 import { keeping } from "./keeping.ts";
-import { MAX_TOKEN, TOKEN, token } from "./keys.ts";
+import { TOKEN, token } from "./keys.ts";
 import { compareTimes, rfc3339 } from "./times.ts";
 
 /** `rotation` of `wrangler-free.config.ts` (docs/rotation.md §8.4). */
@@ -29,8 +29,10 @@ export const rotationConfig = z.object({
       renoticeMinutes: z.number().int().min(0).default(60),
       /** How often nodes still stale are noticed again, in seconds. */
       renoticeEverySeconds: z.number().int().min(1).default(60),
+      /** How often a release the provider has not acknowledged is published again, in seconds. */
+      releaseEverySeconds: z.number().int().min(1).default(10),
     })
-    .default({ graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60 }),
+    .default({ graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60, releaseEverySeconds: 10 }),
 });
 export type RotationConfig = z.output<typeof rotationConfig>["rotation"];
 
@@ -64,13 +66,22 @@ export type RotatedEvent = z.output<typeof rotatedEvent>;
 export const rotationValue = z.object({
   revision: z.string(),
   at: rfc3339,
-  /** When the server stored the event: what holders' applied records are compared with. */
+  /**
+   * When the server stored the event, to the nanosecond (nine digits of fraction; a record of an
+   * earlier version has three): what holders' applied records are compared with.
+   */
   arrivedAt: z.iso.datetime(),
   noticedAt: z.iso.datetime().nullable().default(null),
   notices: z.number().int().min(0).default(0),
   /** The nodes noticed of this rotation so far. */
   noticedNodes: z.array(z.string()).default([]),
+  /** When the release was first published (docs/rotation.md §8.6). */
   releasedAt: z.iso.datetime().nullable().default(null),
+  /** When the release was last published, and how often it was. */
+  releaseSentAt: z.iso.datetime().nullable().default(null),
+  releases: z.number().int().min(0).default(0),
+  /** When the provider's acknowledgement of the release was stored (the server's time). */
+  acknowledgedAt: z.iso.datetime().nullable().default(null),
 });
 export type RotationValue = z.output<typeof rotationValue>;
 
@@ -116,41 +127,96 @@ export function rotationOf(entry: Entry): Rotation | { key: string; reason: stri
   };
 }
 
-/** The provider a rotated event came from: the first token of its subject. */
-export function providerOfSubject(subject: string): string {
-  const provider = subject.slice(0, subject.indexOf("."));
-  if (!TOKEN.test(provider) || provider.length > MAX_TOKEN) throw badInput(`subject ${subject}: the provider is not one token`);
-  return provider;
-}
-
 const oneAtATime = keyedSerial();
+
+/** A time in nanoseconds since the epoch as RFC 3339 in UTC with nine digits of fraction. */
+export function timeOfNanos(nanos: number): string {
+  const ms = Math.floor(nanos / 1e6);
+  const below = Math.min(999_999, Math.max(0, Math.round(nanos - ms * 1e6)));
+  return `${new Date(ms).toISOString().slice(0, -1)}${String(below).padStart(6, "0")}Z`;
+}
 
 /**
  * Keeps `event` of `provider` in the rotations bucket if it is newer (by `at`) than what is kept
- * for its key (docs/rotation.md §8.2), with `arrivedAt` the server's time of the event; the
- * notices and release start again. Compare-and-set, decided again on a conflict. Says whether it
- * was kept or older.
+ * for its key and names another revision (docs/rotation.md §8.2), with `arrivedAt` the server's
+ * time of the event (nanoseconds since the epoch); the notices and release start again. A
+ * revision announced again (a provider re-announcing at boot) changes nothing: one release per
+ * provision and revision. Compare-and-set, decided again on a conflict. Says whether it was kept,
+ * older, or the revision kept already.
  */
-export async function keepRotation(bucket: WriteBucket, provider: string, event: RotatedEvent, arrivedAt: Date): Promise<"kept" | "older"> {
+export async function keepRotation(
+  bucket: WriteBucket,
+  provider: string,
+  event: RotatedEvent,
+  arrivedNanos: number,
+): Promise<"kept" | "older" | "same"> {
   const key = rotationKey(provider, event);
   return oneAtATime(`${bucket.bucket}/${key}`, async () => {
     for (let attempt = 0; ; attempt++) {
       const kept = await bucket.get(key);
       const was = kept === null ? undefined : rotationOf(kept);
-      if (was !== undefined && "revision" in was && compareTimes(event.at, was.at) <= 0) return "older";
+      if (was !== undefined && "revision" in was) {
+        if (was.revision === event.revision) return "same";
+        if (compareTimes(event.at, was.at) <= 0) return "older";
+      }
       const value: RotationValue = {
         revision: event.revision,
         at: event.at,
-        arrivedAt: arrivedAt.toISOString(),
+        arrivedAt: timeOfNanos(arrivedNanos),
         noticedAt: null,
         notices: 0,
         noticedNodes: [],
         releasedAt: null,
+        releaseSentAt: null,
+        releases: 0,
+        acknowledgedAt: null,
       };
       try {
         if (kept === null) await bucket.create(key, JSON.stringify(value));
         else await bucket.update(key, JSON.stringify(value), kept.revision);
         return "kept";
+      } catch (err) {
+        if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
+      }
+    }
+  });
+}
+
+/**
+ * `<provider>.provisioner.acknowledged` (docs/rotation.md §8.6): the provider received the
+ * release of the rotation `{ provision, revision }` (with `machine` and `consumer` for one
+ * holder's), `at` by its clock. The fields of the rotated event it acknowledges.
+ */
+export const acknowledgedEvent = rotatedEvent;
+/** The subject a provider acknowledges a release on (docs/rotation.md §8.6). */
+export const acknowledgedSubject = (provider: string) => `${provider}.provisioner.acknowledged`;
+
+/**
+ * Writes `acknowledgedAt` (the server's time of the acknowledgement) in the released rotation
+ * `event` names, so it is published no more (docs/rotation.md §8.6). Compare-and-set, decided
+ * again on a conflict. Says what it did: `acknowledged`; `again` when it was already; `unknown`
+ * when no released rotation of that key holds that revision (an acknowledgement of something
+ * else, or before the release: nothing changes).
+ */
+export async function acknowledgeRelease(
+  bucket: WriteBucket,
+  provider: string,
+  event: RotatedEvent,
+  storedAt: Date,
+): Promise<"acknowledged" | "again" | "unknown"> {
+  const key = rotationKey(provider, event);
+  return oneAtATime(`${bucket.bucket}/${key}`, async () => {
+    for (let attempt = 0; ; attempt++) {
+      const kept = await bucket.get(key);
+      const was = kept === null ? undefined : rotationOf(kept);
+      if (kept === null || was === undefined || !("record" in was) || was.revision !== event.revision || was.releasedAt === null) {
+        return "unknown";
+      }
+      if (was.acknowledgedAt !== null) return "again";
+      const { key: _k, provider: _p, provision: _v, machine: _m, consumer: _c, record: _r, ...value } = was;
+      try {
+        await bucket.update(key, JSON.stringify({ ...value, acknowledgedAt: storedAt.toISOString() }), kept.revision);
+        return "acknowledged";
       } catch (err) {
         if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
       }
@@ -230,11 +296,16 @@ const holders = keeping(
 /** The holders of every provision, from the needs' keys (in key order), kept and updated as the needs change. */
 export const holdersIndex = (needs: Snapshot): Promise<ReadonlyMap<string, readonly Holder[]>> => holders({ needs });
 
-/** What one holder has in use: its module's applied `revisions[provision]`, and when that record was written. */
+/**
+ * What one holder has in use: its module's applied `revisions[provision]`, when that record was
+ * written (the server's time), and whether its revisions could be read at all.
+ */
 export interface Held {
   readonly revision: string | null;
   readonly appliedAt: Date | null;
   readonly appliedNanos: number | null;
+  /** The record is there but its revisions cannot be read (not JSON, not an object, `revisions` not an object of strings). */
+  readonly unreadable: boolean;
 }
 
 /** Whether a rotation reaches a holder: every holder of its provision, or the one machine and consumer it names. */
@@ -242,13 +313,25 @@ export const reaches = (r: Rotation, h: Holder) =>
   r.provision === provisionOf(h.name) && (r.machine === undefined || (r.machine === h.node && r.consumer === h.module));
 
 /**
- * Whether `held` is stale for `rotation` (docs/rotation.md §8.3): its revision differs from the
- * rotation's, or, holding no revision of it, its applied record (if any) was written before the
- * rotation arrived.
+ * The latest instant, in nanoseconds since the epoch, that a rotation may have arrived at: its
+ * `arrivedAt` to the last digit it has (nine; three in a record of an earlier version, which
+ * leaves the whole millisecond unknown).
+ */
+export function arrivedBy(rotation: Rotation): number {
+  const digits = /\.(\d+)Z$/.exec(rotation.arrivedAt)?.[1]?.length ?? 0;
+  return nanosOfTime(rotation.arrivedAt) + (digits >= 9 ? 0 : 10 ** (9 - digits) - 1);
+}
+
+/**
+ * Whether `held` is stale for `rotation` (docs/rotation.md §8.3): its revisions cannot be read;
+ * its revision differs from the rotation's; or, holding no revision of it, its applied record
+ * (if any) was not written after the rotation arrived, on the server's nanosecond times: a record
+ * whose order with the rotation cannot be told (the same instant, to the digits kept) is stale.
  */
 export function isStale(rotation: Rotation, held: Held): boolean {
+  if (held.unreadable) return true;
   if (held.revision !== null) return held.revision !== rotation.revision;
-  return held.appliedNanos === null || held.appliedNanos < Date.parse(rotation.arrivedAt) * 1e6;
+  return held.appliedNanos === null || held.appliedNanos <= arrivedBy(rotation);
 }
 
 /** The newest (by `at`) of `rotations` that reach `holder`, or none. */
@@ -272,6 +355,9 @@ export interface RotationState {
   readonly caughtUp: number;
   readonly stale: number;
   readonly releasedAt: string | null;
+  /** How often the release was published, and when the provider acknowledged it (docs/rotation.md §8.6). */
+  readonly releases: number;
+  readonly acknowledgedAt: string | null;
 }
 
 /** A stale holder, as status lists it (docs/rotation.md §8.3). */
@@ -379,6 +465,8 @@ export function rotationStates(
       caughtUp: holders.length - holding,
       stale: holding,
       releasedAt: r.releasedAt,
+      releases: r.releases,
+      acknowledgedAt: r.acknowledgedAt,
     };
   });
   return { states, stale };
@@ -389,8 +477,14 @@ export const heldIn =
   (applied: ReadonlyMap<string, Entry>) =>
   (holder: Holder, provision: string): Held => {
     const entry = applied.get(`${holder.node}.${holder.module}`);
-    if (entry === undefined) return { revision: null, appliedAt: null, appliedNanos: null };
-    return { revision: appliedOf(entry).revisions?.[provision] ?? null, appliedAt: entry.created, appliedNanos: entry.createdNanos };
+    if (entry === undefined) return { revision: null, appliedAt: null, appliedNanos: null, unreadable: false };
+    const read = appliedOf(entry);
+    return {
+      revision: read.revisions?.[provision] ?? null,
+      appliedAt: entry.created,
+      appliedNanos: entry.createdNanos,
+      unreadable: read.revisionsUnread === true,
+    };
   };
 
 /** The kept rotations of a snapshot of the rotations bucket, and its keys out of shape. */
@@ -404,3 +498,24 @@ export async function rotationsIn(reads: ReadBucket): Promise<{ rotations: Rotat
   }
   return { rotations, outOfShape };
 }
+
+type RotationInputs = { rotations: Snapshot; needs: Snapshot; applied: Snapshot };
+/** The kept rotations of `inputs`, their states and stale holders (docs/rotation.md §8.3). */
+async function rotationsOf({ rotations, needs, applied }: RotationInputs) {
+  const { rotations: kept } = await rotationsIn(rotations.reads);
+  if (kept.length === 0) return { kept, states: [], stale: new Map<string, StaleHolder[]>() };
+  return { kept, ...rotationStates(kept, await holdersIndex(needs), heldIn(await appliedIndex(applied))) };
+}
+// Made again only when a view changed: asked every second, it costs nothing while none did.
+const rotationsKept = keeping(rotationsOf, (_kept, inputs: RotationInputs) => rotationsOf(inputs));
+
+/**
+ * The kept rotations (in key order), each one's state and its stale holders by rotation key, from
+ * snapshots of the rotations, needs and applied buckets; the same value while none changed.
+ */
+export const rotationsNow = (
+  rotations: Snapshot,
+  needs: Snapshot,
+  applied: Snapshot,
+): Promise<{ kept: Rotation[]; states: RotationState[]; stale: Map<string, StaleHolder[]> }> =>
+  rotationsKept({ rotations, needs, applied });

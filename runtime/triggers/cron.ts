@@ -2,7 +2,8 @@
  * The `{ cron, onStart?, timezone? }` trigger kind: a cron schedule run by croner (5 fields, or 6
  * with seconds), in UTC unless the trigger names an IANA time zone, and once at start when
  * `onStart`. Each scheduled time runs once across replicas: the replica that claims it in
- * `<seat>_claims`, by the time it was scheduled for, runs it (docs/runtime.md §6.3.3).
+ * `<seat>_claims`, by the time it was scheduled for on the server's clock, runs it
+ * (docs/runtime.md §6.3.3, §6.15).
  */
 import { Cron } from "croner";
 import { z } from "zod";
@@ -53,6 +54,20 @@ export function dueAt(job: Cron, from: Date, now: Date): Date {
   return at;
 }
 
+/** The time of `job`'s schedule nearest to `at`, the earlier on a tie. */
+export function nearestRun(job: Cron, at: Date): Date {
+  const t = at.getTime();
+  const after = job.nextRun(new Date(t - 1));
+  // The latest before `at`: looked for from further and further back (a second, 4 s, 16 s, … a year).
+  let before: Date | null = null;
+  for (let back = 1000; before === null && back <= 4 ** 12 * 1000; back *= 4) {
+    for (let next = job.nextRun(new Date(t - back)); next !== null && next.getTime() < t; next = job.nextRun(next)) before = next;
+  }
+  if (after === null) return before ?? at;
+  if (before === null) return after;
+  return t - before.getTime() <= after.getTime() - t ? before : after;
+}
+
 export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
   key: "cron",
   shape: "{ cron, onStart? }",
@@ -93,8 +108,10 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
           // The first time the job will fire for; each run is named from the one before.
           let due = schedule.nextRun() ?? new Date();
           return new Cron(trigger.cron, { protect: true, ...zoneOf(trigger) }, async () => {
-            const scheduledAt = dueAt(schedule, due, new Date());
-            due = scheduledAt;
+            due = dueAt(schedule, due, new Date());
+            // Named by the server's clock (docs/runtime.md §6.15): replicas whose hosts disagree
+            // by a second or more name one time alike, so one of them runs it.
+            const scheduledAt = nearestRun(schedule, new Date(due.getTime() + env.clock.now().getTime() - Date.now()));
             const claimed = await env.claim(fn.name, scheduledAt).catch((err: unknown) => {
               // NATS away or slow: the reason is enough, no stack to read.
               env.log.warn({ function: fn.name, scheduledAt, err: (err as Error).message }, "scheduled run not claimed; skipped");

@@ -28,7 +28,8 @@ import { bindingName, type Target, type TriggerKind } from "./kind.ts";
 export type EventTrigger = { readonly event: string; readonly stream?: string };
 /**
  * What an event's run says of it: its subject and, with a stream, the stream's name, the
- * message's stream sequence, how often it was delivered and when the server stored it.
+ * message's stream sequence, how often it was delivered and when the server stored it, and how
+ * far the durable's acknowledgements had reached.
  */
 export type EventInfo = {
   readonly kind: "event";
@@ -38,6 +39,18 @@ export type EventInfo = {
   readonly deliveries?: number;
   /** With a stream: when the server stored the message (its time, not the publisher's). */
   readonly storedAt?: Date;
+  /** With a stream: the same, in nanoseconds since the epoch (as precise as a double holds it). */
+  readonly storedNanos?: number;
+  /**
+   * With a stream: its durable consumer's acknowledgement floor (`ack_floor.stream_seq`), the
+   * highest the server said to this replica on this stream, at binding and every
+   * {@link STREAMS_MS}: every message up to it was acknowledged, so handled (a durable made again
+   * from below it delivers those again). The server's, never this replica's own
+   * acknowledgements; the records forget counted refusals at or below it (docs/failing.md §5.3).
+   */
+  readonly ackFloor?: number;
+  /** With a stream: when the stream was made (its info's `created`); one made anew numbers its messages from 1 again. */
+  readonly streamCreated?: string;
 };
 
 const schema = z.strictObject({
@@ -246,12 +259,14 @@ export const STREAMS_MS = 5000;
 /**
  * The use of each stream `targets` name and the progress of their durables, read every
  * {@link STREAMS_MS} (stream info, consumer info, each within 2 s); what a read that fails
- * would have said is left as it last was (docs/runtime.md §6.11).
+ * would have said is left as it last was (docs/runtime.md §6.11). Each durable's
+ * acknowledgement floor read goes to `floors`, with the creation time of the stream read.
  */
 function watchStreams(
   nc: NatsConnection,
   config: Config,
   targets: readonly Target<EventTrigger>[],
+  floors: (durable: string, created: string, floor: number) => void,
 ): { streams(): Record<string, StreamUse>; stop(): void } {
   const held = durables(targets, config);
   const use: Record<string, StreamUse> = {};
@@ -265,6 +280,8 @@ function watchStreams(
           const info = await jsm.streams.info(stream).catch(() => undefined);
           if (info === undefined) return;
           const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
+          // Read after the stream's info: a stream made anew between the two gives a floor lower than its own.
+          if (c !== undefined) floors(durable, info.created, c.ack_floor.stream_seq);
           const was = use[name]?.consumers.find((k) => k.durable === durable);
           const consumers = [
             c === undefined
@@ -359,6 +376,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     const subscriptions: Subscription[] = [];
     const live = new Set<ConsumerMessages>();
     const loops: Promise<void>[] = [];
+    /** By durable, what takes its acknowledgement floor as the streams' watch reads it. */
+    const floorsOf = new Map<string, (created: string, floor: number) => void>();
     /** Durables found gone, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
@@ -388,6 +407,12 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       const pending = new Set<number>();
       let acked = bound.ack_floor.stream_seq;
       let created = asserted.get(held.name)!.created;
+      // The durable's floor as the server said it (not `acked`: other replicas acknowledge too),
+      // for the records to forget refusals counted at or below it; it only rises on one stream.
+      let floor = bound.ack_floor.stream_seq;
+      floorsOf.set(durable, (of, read) => {
+        if (of === created) floor = Math.max(floor, read);
+      });
       /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
       const succeeded = new Map<number, Set<string>>();
       // The messages of one pull start together and are acknowledged together (see turns).
@@ -426,6 +451,9 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
           sequence: m.seq,
           deliveries: m.info.redeliveryCount,
           storedAt: new Date(m.info.timestampNanos / 1e6),
+          storedNanos: m.info.timestampNanos,
+          ackFloor: floor,
+          streamCreated: created,
         } as const;
         const done = succeeded.get(m.seq) ?? new Set<string>();
         const outcomes = await Promise.all(
@@ -532,6 +560,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
               }
               start = changed === undefined ? from : "first";
               acked = (await bindDurable(jsm, held, ackWaitSeconds, log, start)).ack_floor.stream_seq;
+              // Made again from below its floor, what it delivers again up to there was handled already.
+              floor = info.created === created ? Math.max(floor, acked) : acked;
               created = info.created;
               break;
             } catch (err) {
@@ -548,7 +578,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
       loops.push(loop);
     }
-    const use = watchStreams(nc, config, targets);
+    const use = watchStreams(nc, config, targets, (durable, of, read) => floorsOf.get(durable)?.(of, read));
     return {
       notReady: () => [...gone.values()],
       reconnected: async () => {

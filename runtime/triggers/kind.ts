@@ -9,7 +9,7 @@ import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { Config } from "../config.ts";
-import type { Outcome, RawInput, StreamUse } from "../types.ts";
+import type { Clock, Outcome, RawInput, StreamUse } from "../types.ts";
 
 /** What a kind sees of a function: its name and file, what it says of itself, its schemas and triggers. */
 export interface FunctionRef {
@@ -68,6 +68,8 @@ export interface BindEnv<F extends FunctionRef = FunctionRef, I extends RunInfo 
   run(fn: F, input: RawInput, trigger: I): Promise<Outcome>;
   /** Claims the run of `fn` scheduled at `scheduledAt` for this replica: `false` when another replica has. */
   claim(fn: string, scheduledAt: Date): Promise<boolean>;
+  /** The server's clock (docs/runtime.md §6.15): what names a scheduled run across replicas. */
+  readonly clock: Clock;
   /** The NATS service's version and description (the set's `package.json`). */
   readonly service: { readonly version: string; readonly description: string };
   /** How long stopping waits for what is in hand, in milliseconds. */

@@ -2,8 +2,8 @@
  * Freshness of a live view: whether it holds every write acknowledged before a read
  * (docs/verb.md §4.6). It asks the stream's leader for the stream's last sequence (with replicas,
  * only from a leader that heard from a quorum of its stream lately) and waits up to
- * {@link CATCH_UP_MS} for the view to reach it. Concurrent reads share these requests. It knows
- * sequences only, nothing of the view's store.
+ * {@link CATCH_UP_MS} for the view to reach it, all of it within a read's {@link READ_DEADLINE_MS}.
+ * Concurrent reads share these requests. It knows sequences only, nothing of the view's store.
  */
 import type { Logger } from "pino";
 import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } from "./probes.ts";
@@ -14,6 +14,31 @@ import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } fr
  * purge, an age limit) or a watch that stopped delivering keeps a view from reaching it.
  */
 export const CATCH_UP_MS = 500;
+
+/**
+ * How long a read of a view may take in all, from its call until it answers or is refused, in
+ * milliseconds (docs/verb.md §4.6, "The deadline"): the probe's {@link PROBE_TIMEOUT_MS} and the
+ * catch-up's {@link CATCH_UP_MS}, what a check takes at most while the server answers. A read
+ * whose check is still out then (the server hung, a probe it joined stuck) is not current, saying
+ * why; with one replica a read from the server is given up then too. `GET /readyz` says the
+ * same within a second (docs/verb.md §4.6.2).
+ */
+export const READ_DEADLINE_MS = PROBE_TIMEOUT_MS + CATCH_UP_MS;
+
+/** What {@link beforeDue} gives when the deadline came first. */
+export const LATE: unique symbol = Symbol("late");
+
+/**
+ * `promise`'s value, or {@link LATE} once `performance.now()` reaches `due`; `promise` as it is
+ * without `due`. Rejects as `promise` does, when it does before `due`. What is given up goes on
+ * (a request in flight, a probe others share); its outcome is dropped.
+ */
+export function beforeDue<T>(promise: Promise<T>, due: number | undefined): Promise<T | typeof LATE> {
+  if (due === undefined) return promise;
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<typeof LATE>((resolve) => (timer = setTimeout(resolve, Math.max(0, due - performance.now()), LATE)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
 
 /** Whether a view holds every write acknowledged before it was asked, and when not, why. */
 export type Freshness =
@@ -30,9 +55,12 @@ export interface CatchUp {
    * Whether the view holds every write acknowledged before the call, and why not when it does
    * not or cannot be told: `unavailable()` says so, the probe failed, the stream went back, or
    * the view did not reach the probe's sequence within {@link CATCH_UP_MS} while the stream
-   * holds more after what it applied. Never rejects.
+   * holds more after what it applied. With `due` (a `performance.now()` time: a read's, see
+   * {@link READ_DEADLINE_MS}) it answers by then at the latest: a probe still out is not current,
+   * `the server did not answer within <READ_DEADLINE_MS> ms`, and a view still short of the
+   * stream's last sequence is behind. Never rejects.
    */
-  caughtUp(): Promise<Freshness>;
+  caughtUp(due?: number): Promise<Freshness>;
   /**
    * When the view was last proven to hold every write acknowledged before: the time the probe
    * that proved it was sent; `null` before any, or when the load in hand no longer holds
@@ -123,7 +151,11 @@ export function catchUp({
     stuck(why);
     return settle({ current: false, why });
   };
-  const reaching = (target: number) =>
+  /** {@link CATCH_UP_MS}, or what is left until `due` when less. */
+  const waitMs = (due: number | undefined) =>
+    due === undefined ? CATCH_UP_MS : Math.max(0, Math.min(CATCH_UP_MS, due - performance.now()));
+  /** Waits up to {@link CATCH_UP_MS} for the view to reach `target`, and not past `due`. */
+  const reaching = (target: number, due: number | undefined) =>
     new Promise<true | false | string>((resolve) => {
       const waiter = {
         target,
@@ -133,10 +165,10 @@ export function catchUp({
           resolve(reached);
         },
       };
-      const timer = setTimeout(() => waiter.done(false), CATCH_UP_MS);
+      const timer = setTimeout(() => waiter.done(false), waitMs(due));
       waiters.add(waiter);
     });
-  const receiving = (marker: string) =>
+  const receiving = (marker: string, due: number | undefined) =>
     new Promise<number | false | string>((resolve) => {
       const waiting = markerWaiters.get(marker) ?? new Set();
       markerWaiters.set(marker, waiting);
@@ -146,43 +178,53 @@ export function catchUp({
         if (waiting.size === 0) markerWaiters.delete(marker);
         resolve(at);
       };
-      const timer = setTimeout(() => done(false), CATCH_UP_MS);
+      const timer = setTimeout(() => done(false), waitMs(due));
       waiting.add(done);
     });
+  /** What `behind` adds when a read's deadline ended the wait. */
+  const ranOut = `, and it did not catch up within ${READ_DEADLINE_MS} ms`;
   /** A view short of `found`: its stream's last messages may have been removed, or its watch lags. */
-  const short = async (found: LastSequence): Promise<Freshness> => {
+  const short = async (found: LastSequence, due: number | undefined): Promise<Freshness> => {
+    if (due !== undefined && performance.now() >= due)
+      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found, ranOut);
     if ("nothingAfter" in tail) {
       const held = applied();
-      const removed = await tail.nothingAfter(held).catch((err: Error) => {
+      const removed = await beforeDue(tail.nothingAfter(held), due).catch((err: Error) => {
         warn({ err: err.message }, "cannot tell whether the view is current");
         return false;
       });
-      if (removed) return confirm({ ...found, sequence: held }, "nothing after");
-      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found);
+      if (removed === true) return confirm({ ...found, sequence: held }, "nothing after");
+      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found, removed === LATE ? ranOut : "");
     }
-    let marker: string;
+    let marker: string | typeof LATE;
     try {
-      marker = await tail.mark();
+      marker = await beforeDue(tail.mark(), due);
     } catch (err) {
       return behind(found, ` (its marker was not written: ${(err as Error).message})`);
     }
-    const at = received.get(marker) ?? (await receiving(marker));
+    if (marker === LATE) return behind(found, ranOut);
+    const at = received.get(marker) ?? (await receiving(marker, due));
     // Received, and held: every message before it delivered in turn, or none pending after it.
-    if (typeof at === "number" && (at <= applied() || (await reaching(at)) === true)) {
+    if (typeof at === "number" && (at <= applied() || (await reaching(at, due)) === true)) {
       return confirm({ ...found, sequence: Math.max(at, found.sequence) }, `marker at ${at}`);
     }
     if (typeof at === "string") return settle({ current: false, why: at });
-    return behind(found, ", and its marker did not come");
+    return behind(found, due !== undefined && performance.now() >= due ? ranOut : ", and its marker did not come");
   };
   return {
     confirmedAt: () => (proven === undefined ? null : new Date(proven.at)),
     latest: () => latest,
-    async caughtUp() {
+    async caughtUp(due) {
       const away = unavailable();
       if (away !== undefined) return settle({ current: false, why: away });
       let found: LastSequence;
       try {
-        found = await probe();
+        const answered = await beforeDue(probe(), due);
+        if (answered === LATE) {
+          warn({ err: `no answer within ${READ_DEADLINE_MS} ms` }, "cannot tell whether the view is current");
+          return settle({ current: false, why: `the server did not answer within ${READ_DEADLINE_MS} ms` });
+        }
+        found = answered;
       } catch (err) {
         const { code, message } = err as { code?: string; message: string };
         const why =
@@ -200,10 +242,10 @@ export function catchUp({
         return settle({ current: false, why });
       }
       if (found.sequence <= applied()) return confirm(found, "held");
-      const reached = await reaching(found.sequence);
+      const reached = await reaching(found.sequence, due);
       if (reached === true) return confirm(found, "reached");
       if (typeof reached === "string") return settle({ current: false, why: reached });
-      return short(found);
+      return short(found, due);
     },
     reached(sequence) {
       if (waiters.size === 0) return;

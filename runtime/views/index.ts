@@ -12,14 +12,14 @@ import type { Logger } from "pino";
 import { checkedKey, watchWaits } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { ServiceError } from "../errors.ts";
-import { catchUp, type Freshness } from "./freshness.ts";
+import { beforeDue, catchUp, LATE, READ_DEADLINE_MS, type Freshness } from "./freshness.ts";
 import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, nothingAfterProbe } from "./probes.ts";
 import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
 import type { RecordStore } from "./store.ts";
 import type { Progress } from "./progress.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
 
-export { CATCH_UP_MS, type Freshness } from "./freshness.ts";
+export { CATCH_UP_MS, READ_DEADLINE_MS, type Freshness } from "./freshness.ts";
 export { LEASE_MS, MARKER_KEY, PROBE_TIMEOUT_MS } from "./probes.ts";
 export { CHANGES_KEPT, MARKER_VALUE_BYTES } from "./generation.ts";
 export { RESYNC_MS } from "./resync.ts";
@@ -67,7 +67,10 @@ export const STUCK_MS = 2000;
  * Concurrent reads share these requests. A read that cannot be proven current goes to `server`
  * when the stream has one replica (its one server is current), and is refused with a
  * `ServiceError` 503 saying why when it has more (a follower may lag, a leader cut off from its
- * quorum may not know it). A view not read for
+ * quorum may not know it). Every read answers or is refused with a 503 saying why within
+ * {@link READ_DEADLINE_MS} of its call, and the reads of a snapshot within that of the
+ * snapshot's, what they ask the server too (with one replica; the value of a delete marker not
+ * kept), however long the server does not answer. A view not read for
  * {@link CHECK_EVERY_MS} checks itself, so {@link LiveView.trouble} says when it cannot be
  * confirmed. A view behind its stream whose held sequence ({@link Generation.held}) moves up
  * no more for {@link STUCK_MS} loads the bucket again (its watch's consumer may be on a server
@@ -202,38 +205,76 @@ export async function openView(
   }, CHECK_EVERY_MS / 4);
   checks.unref();
 
-  /** The record of `slot`, made as read: a delete marker whose value the view did not keep, read from the server. */
-  const whole = async (generation: Generation, slot: number): Promise<KeyRecord | null> =>
-    generation.store.cut(slot) ? server.last(generation.store.keyOf(slot)) : generation.store.record(slot);
+  /** `read`'s answer, or a `ServiceError` 503 saying `why()` when it has none by `due` (`performance.now()`). */
+  const byDue = async <T>(read: Promise<T>, due: number, why: () => string): Promise<T> => {
+    const answer = await beforeDue(read, due);
+    if (answer === LATE) throw new ServiceError(503, why());
+    return answer;
+  };
+  /**
+   * The record of `slot`, made as read: a delete marker whose value the view did not keep, read
+   * from the server by `due` (a refusal after).
+   */
+  const whole = async (generation: Generation, slot: number, due: number): Promise<KeyRecord | null> => {
+    if (!generation.store.cut(slot)) return generation.store.record(slot);
+    const key = generation.store.keyOf(slot);
+    return byDue(
+      server.last(key),
+      due,
+      () =>
+        `cannot read the delete marker of key ${key} of bucket ${bucket}: the server gave no answer within the read's ${READ_DEADLINE_MS} ms`,
+    );
+  };
   const live = (store: RecordStore, slot: number): Entry => {
     const { deleted: _, ...entry } = store.record(slot);
     return entry;
   };
 
-  const local: ReadBucket = Object.freeze({
-    bucket,
-    async get(key: string) {
-      const { store } = current!;
-      const slot = store.slotOf(checkedKey(bucket, key));
-      return slot === undefined || store.deleted(slot) ? null : live(store, slot);
-    },
-    async last(key: string) {
-      const generation = current!;
-      const slot = generation.store.slotOf(checkedKey(bucket, key));
-      return slot === undefined ? null : whole(generation, slot);
-    },
-    list: async (filters: string | readonly string[], options: ListOptions = {}) => {
-      const { store } = current!;
-      return collect(store, bucket, filters, options, false).map((slot) => live(store, slot));
-    },
-    async records(filters: string | readonly string[], options: ListOptions = {}) {
-      const generation = current!;
-      const { store } = generation;
-      const found = collect(store, bucket, filters, options, true);
-      if (!found.some((slot) => store.cut(slot))) return found.map((slot) => store.record(slot));
-      return (await Promise.all(found.map((slot) => whole(generation, slot)))).filter((record): record is KeyRecord => record !== null);
-    },
-  });
+  /** Reads of what the view holds; what is read from the server by `due` (by default {@link READ_DEADLINE_MS} from each call). */
+  const localReads = (due?: number): ReadBucket =>
+    Object.freeze({
+      bucket,
+      async get(key: string) {
+        const { store } = current!;
+        const slot = store.slotOf(checkedKey(bucket, key));
+        return slot === undefined || store.deleted(slot) ? null : live(store, slot);
+      },
+      async last(key: string) {
+        const generation = current!;
+        const slot = generation.store.slotOf(checkedKey(bucket, key));
+        return slot === undefined ? null : whole(generation, slot, due ?? performance.now() + READ_DEADLINE_MS);
+      },
+      list: async (filters: string | readonly string[], options: ListOptions = {}) => {
+        const { store } = current!;
+        return collect(store, bucket, filters, options, false).map((slot) => live(store, slot));
+      },
+      async records(filters: string | readonly string[], options: ListOptions = {}) {
+        const generation = current!;
+        const { store } = generation;
+        const found = collect(store, bucket, filters, options, true);
+        if (!found.some((slot) => store.cut(slot))) return found.map((slot) => store.record(slot));
+        const by = due ?? performance.now() + READ_DEADLINE_MS;
+        return (await Promise.all(found.map((slot) => whole(generation, slot, by)))).filter(
+          (record): record is KeyRecord => record !== null,
+        );
+      },
+    });
+  const local = localReads();
+  /**
+   * The server's reads by `due`, for a view that could not be proven current (`why`): one that
+   * has not answered by then is refused with a 503 naming both.
+   */
+  const serverReads = (due: number, why: string): ReadBucket => {
+    const late = () =>
+      `cannot confirm that the view of bucket ${bucket} is current: ${why}; read from the server instead, which gave no answer within the read's ${READ_DEADLINE_MS} ms`;
+    return Object.freeze({
+      bucket,
+      get: (key: string) => byDue(server.get(key), due, late),
+      last: (key: string) => byDue(server.last(key), due, late),
+      list: (filters: string | readonly string[], options?: ListOptions) => byDue(server.list(filters, options), due, late),
+      records: (filters: string | readonly string[], options?: ListOptions) => byDue(server.records(filters, options), due, late),
+    });
+  };
 
   // Each load of the bucket has its number: a stamp is this view's, the load's and the last
   // sequence it applied, so no two views (of two servers in one process) give the same.
@@ -245,7 +286,7 @@ export async function openView(
     if (n === undefined) loads.set(generation, (n = ++loadsMade));
     return `${view}.${n}.${generation.applied}`;
   };
-  let serverReads = 0;
+  let serverSnapshots = 0;
   /** The keys changed since `stamp`, when it names the load in hand (docs/runtime.md §6.12). */
   const changedSince = (stamp: string) => {
     const generation = current!;
@@ -254,11 +295,16 @@ export async function openView(
     return changedAfter(generation, Number(sequence));
   };
   const localSnapshot = () => ({ stamp: stampOf(current!), reads: local, changedSince });
-  /** The reads of a fresh answer: from memory once the view is proven current, else as {@link openView} says. */
-  const freshReads = async (): Promise<ReadBucket> => {
-    const freshness = await fresh.caughtUp();
-    if (freshness.current) return local;
-    if (oneReplica) return server;
+  /**
+   * The reads of a fresh answer, each by {@link READ_DEADLINE_MS} from now: from memory once the
+   * view is proven current; else, with one replica and time left, from the server; else a
+   * `ServiceError` 503 saying why (docs/verb.md §4.6).
+   */
+  const freshReads = async (): Promise<{ readonly reads: ReadBucket; readonly held: boolean }> => {
+    const due = performance.now() + READ_DEADLINE_MS;
+    const freshness = await fresh.caughtUp(due);
+    if (freshness.current) return { reads: localReads(due), held: true };
+    if (oneReplica && performance.now() < due) return { reads: serverReads(due, freshness.why), held: false };
     throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${freshness.why}`);
   };
   const trouble = () => {
@@ -274,8 +320,10 @@ export async function openView(
     loaded: first.loaded,
     local,
     snapshot: async () => {
-      const reads = await freshReads();
-      return reads === local ? localSnapshot() : { stamp: `${view}.server.${++serverReads}`, reads, changedSince: () => undefined };
+      const { reads, held } = await freshReads();
+      return held
+        ? { stamp: stampOf(current!), reads, changedSince }
+        : { stamp: `${view}.server.${++serverSnapshots}`, reads, changedSince: () => undefined };
     },
     localSnapshot,
     sequence: () => current!.applied,
@@ -288,9 +336,9 @@ export async function openView(
       resync.stop();
       current!.watch.stop();
     },
-    get: async (key) => (await freshReads()).get(key),
-    last: async (key) => (await freshReads()).last(key),
-    list: async (filters, options) => (await freshReads()).list(filters, options),
-    records: async (filters, options) => (await freshReads()).records(filters, options),
+    get: async (key) => (await freshReads()).reads.get(key),
+    last: async (key) => (await freshReads()).reads.last(key),
+    list: async (filters, options) => (await freshReads()).reads.list(filters, options),
+    records: async (filters, options) => (await freshReads()).reads.records(filters, options),
   };
 }

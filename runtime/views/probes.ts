@@ -67,8 +67,11 @@ export interface LastSequence {
 /** A freshness probe of one view: see {@link lastSequenceProbe}. */
 export type Probe = () => Promise<LastSequence>;
 
-/** Whether the stream holds no message after the given stream sequence. */
-export type NothingAfter = (sequence: number) => Promise<boolean>;
+/**
+ * Whether the stream holds no message after the given stream sequence, asked within `timeoutMs`
+ * ({@link PROBE_TIMEOUT_MS} by default).
+ */
+export type NothingAfter = (sequence: number, timeoutMs?: number) => Promise<boolean>;
 
 /** A stream info as the server answers it, what a probe reads of it. */
 interface InfoAnswer {
@@ -83,7 +86,8 @@ interface InfoAnswer {
 /**
  * The freshness probe of stream `KV_<bucket>` (docs/verb.md §4.6) for a view whose last applied
  * sequence `applied()` reads, asked with the connection's {@link requesterOf} within
- * {@link PROBE_TIMEOUT_MS}, storing nothing and proposing nothing to the stream:
+ * {@link PROBE_TIMEOUT_MS} in all (its one or two requests share it), storing nothing and
+ * proposing nothing to the stream:
  * - with one replica, the one server: nothing after what the view applied (`nothingAfter`),
  *   else the stream's last sequence (`$JS.API.STREAM.INFO.KV_<bucket>`);
  * - with more, the stream's info as its leader answers it, counted only when the leader heard
@@ -102,23 +106,26 @@ export function lastSequenceProbe(
   const info = leaderInfo(nc, bucket, replicas);
   return async () => {
     const askedAt = Date.now();
+    const due = performance.now() + PROBE_TIMEOUT_MS;
     const heldAtAsk = applied();
-    if (replicas === 1 && (await nothingAfter(heldAtAsk))) return { sequence: heldAtAsk, askedAt, heldAtAsk };
-    return { sequence: await info(LEASE_MS), askedAt, heldAtAsk };
+    if (replicas === 1 && (await nothingAfter(heldAtAsk, PROBE_TIMEOUT_MS))) return { sequence: heldAtAsk, askedAt, heldAtAsk };
+    // The info gets what is left of the probe's time.
+    return { sequence: await info(LEASE_MS, Math.max(1, due - performance.now())), askedAt, heldAtAsk };
   };
 }
 
 /**
  * The last sequence of stream `KV_<bucket>` from its info (`$JS.API.STREAM.INFO.KV_<bucket>`),
- * asked with the connection's {@link requesterOf} within {@link PROBE_TIMEOUT_MS}; with more
- * than one replica, counted only from a leader that heard from a quorum of the stream's servers
- * within `withinMs`. Rejects naming the stream otherwise, or with the server's words.
+ * asked with the connection's {@link requesterOf} within `timeoutMs` ({@link PROBE_TIMEOUT_MS}
+ * by default); with more than one replica, counted only from a leader that heard from a quorum
+ * of the stream's servers within `withinMs`. Rejects naming the stream otherwise, or with the
+ * server's words (a `TIMEOUT` when no answer came in time).
  */
-function leaderInfo(nc: NatsConnection, bucket: string, replicas: number): (withinMs: number) => Promise<number> {
+function leaderInfo(nc: NatsConnection, bucket: string, replicas: number): (withinMs: number, timeoutMs?: number) => Promise<number> {
   const stream = `KV_${bucket}`;
   const ask = requesterOf(nc);
-  return async (withinMs) => {
-    const answer = (await ask(`$JS.API.STREAM.INFO.${stream}`, "", undefined, PROBE_TIMEOUT_MS)).json() as InfoAnswer;
+  return async (withinMs, timeoutMs = PROBE_TIMEOUT_MS) => {
+    const answer = (await ask(`$JS.API.STREAM.INFO.${stream}`, "", undefined, timeoutMs)).json() as InfoAnswer;
     if (answer.state === undefined) throw new Error(`stream ${stream}: ${answer.error?.description ?? "no state in its info"}`);
     if (replicas === 1) return answer.state.last_seq;
     const { leader, replicas: peers = [] } = answer.cluster ?? {};
@@ -147,8 +154,9 @@ export const MARKER_LEASE_MS = 300;
  * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
  * when `config` does not allow direct gets or has replicas, the stream API's get
  * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
- * none. Each request times out after 5 s; the probe rejects when its request fails. Asked with
- * the connection's {@link requesterOf}: no Error made per request, answered or not.
+ * none. Each request times out after its `timeoutMs` ({@link PROBE_TIMEOUT_MS} by default); the
+ * probe rejects when its request fails (a `TIMEOUT` then). Asked with the connection's
+ * {@link requesterOf}: no Error made per request, answered or not.
  */
 export function nothingAfterProbe(
   nc: NatsConnection,
@@ -160,10 +168,10 @@ export function nothingAfterProbe(
   const direct = config.allow_direct === true && config.num_replicas === 1;
   const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
   const ask = requesterOf(nc);
-  return async (sequence) => {
+  return async (sequence, timeoutMs = PROBE_TIMEOUT_MS) => {
     const request = `{"seq":${sequence + 1},${next}`;
-    if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request)).headers?.code === 404;
-    const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request);
+    if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request, undefined, timeoutMs)).headers?.code === 404;
+    const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request, undefined, timeoutMs);
     return (reply.json() as { error?: { code?: number } }).error?.code === 404;
   };
 }
