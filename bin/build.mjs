@@ -12,9 +12,11 @@ export const SHIPPED_FUNCTIONS = JSON.parse(readFileSync(join(ROOT, "functions",
 
 /** The sources bundled as modules of their own: what the bin, the loader and a dropped-in function file import. */
 function entryPoints() {
-  const lib = readdirSync(join(ROOT, "functions", "_lib"))
-    .filter((f) => /\.tsx?$/.test(f) && !f.endsWith(".d.ts"))
-    .map((f) => `functions/_lib/${f}`);
+  const lib = ["functions/_lib", "contract"].flatMap((dir) =>
+    readdirSync(join(ROOT, dir))
+      .filter((f) => /\.tsx?$/.test(f) && !f.endsWith(".d.ts"))
+      .map((f) => `${dir}/${f}`),
+  );
   return [
     "cli/main.ts",
     "runtime/index.ts",

@@ -8,7 +8,7 @@ import { createRequire } from "node:module";
 import { resolve } from "node:path";
 import type { NatsConnection } from "nats";
 import { z } from "zod";
-import { decodeKey } from "../functions/_lib/keys.ts";
+import { decodeKey } from "../contract/keys.ts";
 import { openSession, userName, type Config } from "../runtime/index.ts";
 
 /**

@@ -5,7 +5,7 @@
 import { readFileSync } from "node:fs";
 import { connect, type NatsConnection } from "nats";
 import { z } from "zod";
-import { collectionName, encodeCollection, token } from "../functions/_lib/keys.ts";
+import { collectionName, encodeCollection, token } from "../contract/keys.ts";
 
 /** Where the mesh is and who connects. */
 export interface MeshOptions {

@@ -4,8 +4,8 @@
  */
 import type { KV, NatsConnection } from "nats";
 import { z } from "zod";
-import { token } from "../functions/_lib/keys.ts";
-import { refreshSubject } from "../functions/_lib/rotation.ts";
+import { token } from "../contract/keys.ts";
+import { refreshSubject } from "../contract/events.ts";
 import {
   allPages,
   checked,

@@ -5,8 +5,7 @@
 import type { NatsConnection } from "nats";
 import pRetry, { AbortError } from "p-retry";
 import { z } from "zod";
-import { failingEvent, recoveredEvent } from "../functions/_lib/follower.ts";
-import { releasedSubject, rotatedEvent } from "../functions/_lib/rotation.ts";
+import { failingEvent, recoveredEvent, releasedSubject, rotatedEvent } from "../contract/events.ts";
 import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */

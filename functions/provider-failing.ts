@@ -1,5 +1,6 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, EVENTS_STREAM, notAhead, storedOf, failingEvent, providerOf } from "./_lib/follower.ts";
+import { failingEvent } from "../contract/events.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, storedOf, providerOf } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it fails a consumer on a machine; the newest word is kept. */
 export default defineFunction({

@@ -1,5 +1,6 @@
 import { defineFunction } from "../runtime/index.ts";
-import { applyEvent, EVENTS_STREAM, notAhead, storedOf, providerOf, recoveredEvent } from "./_lib/follower.ts";
+import { recoveredEvent } from "../contract/events.ts";
+import { applyEvent, EVENTS_STREAM, notAhead, storedOf, providerOf } from "./_lib/follower.ts";
 
 /** docs/failing.md §5: a provider says it serves a consumer on a machine again; its failing is removed. */
 export default defineFunction({

@@ -1,8 +1,7 @@
 import { defineFunction, RevisionConflict, type Snapshot } from "../runtime/index.ts";
 import { HEADROOM } from "./_lib/provisioning.ts";
+import { refreshSubject, releasedSubject } from "../contract/events.ts";
 import {
-  refreshSubject,
-  releasedSubject,
   rotationConfig,
   rotationsNow,
   type Rotation,

@@ -109,3 +109,35 @@ describe("the shipped functions", () => {
     expect(readdirSync(SHIPPED_DIR).sort()).toEqual([...SHIPPED_FUNCTIONS.map((f) => `${f}.ts`), "_lib"].sort());
   });
 });
+
+describe("the wire contract and the client (docs/runtime.md §6.10)", () => {
+  it("the contract imports zod and itself alone", async () => {
+    const { output } = await cruise(["contract"], { tsPreCompilationDeps: true, baseDir: ROOT, doNotFollow: { path: "node_modules" } });
+    const imports = (output as ICruiseResult).modules
+      .filter((m) => m.source.startsWith("contract/"))
+      .flatMap((m) => m.dependencies.map((d) => (d.resolved.startsWith("contract/") ? "contract/" : d.module)));
+    expect(new Set(imports)).toEqual(new Set(["contract/", "zod"]));
+  });
+
+  it("bundles a node's client without the server: nats and zod apart, under 100 KB", async () => {
+    const { build } = await import("esbuild");
+    const result = await build({
+      entryPoints: [join(ROOT, "client", "index.ts")],
+      bundle: true,
+      platform: "node",
+      format: "esm",
+      minify: true,
+      write: false,
+      metafile: true,
+      external: ["nats"],
+      logLevel: "silent",
+    });
+    const inputs = Object.entries(Object.values(result.metafile.outputs)[0]!.inputs);
+    const sources = new Set(inputs.map(([file]) => /^node_modules\/((?:@[^/]+\/)?[^/]+)/.exec(file)?.[1] ?? file.split("/")[0]!));
+    expect([...sources].sort()).toEqual(["client", "contract", "is-network-error", "p-retry", "retry", "zod"]);
+    const bytes = (keep: (file: string) => boolean) => inputs.filter(([file]) => keep(file)).reduce((n, [, v]) => n + v.bytesInOutput, 0);
+    const withoutZod = bytes((file) => !file.startsWith("node_modules/zod/"));
+    console.log(`client bundle, minified: ${bytes(() => true)} B without nats; ${withoutZod} B without nats and zod`);
+    expect(withoutZod).toBeLessThan(100 * 1024);
+  });
+});

@@ -21,6 +21,7 @@ function copyProject(): string {
     "bin",
     "cli",
     "client",
+    "contract",
     "demo",
     "runtime",
     "functions/_lib",

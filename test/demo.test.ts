@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { decodeKey } from "../functions/_lib/keys.ts";
+import { decodeKey } from "../contract/keys.ts";
 import { compileTable, registryTable } from "../functions/_lib/registry.ts";
 import { collectKey, needKey } from "../client/index.ts";
 import { demoMesh, NODES, STRAY } from "../demo/mesh.ts";

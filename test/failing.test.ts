@@ -1,18 +1,8 @@
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  applyEvent,
-  decide,
-  failingEvent,
-  keptOf,
-  keptWord,
-  MAX_WORD,
-  notAhead,
-  providerOf,
-  recoveredEvent,
-} from "../functions/_lib/follower.ts";
-import { failingOf } from "../functions/_lib/follower.ts";
-import { compareTimes, rfc3339 } from "../functions/_lib/times.ts";
+import { applyEvent, decide, failingOf, keptOf, keptWord, notAhead, providerOf } from "../functions/_lib/follower.ts";
+import { failingEvent, MAX_WORD, recoveredEvent } from "../contract/events.ts";
+import { compareTimes, rfc3339 } from "../contract/times.ts";
 import { assertBuckets } from "../runtime/assert.ts";
 import { writeBucket } from "../runtime/buckets.ts";
 import type { WriteBucket } from "../runtime/types.ts";

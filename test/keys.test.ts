@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { decodeCollection, decodeKey, encodeCollection, filtersFor, TOKEN } from "../functions/_lib/keys.ts";
+import { decodeCollection, decodeKey, encodeCollection, filtersFor, TOKEN } from "../contract/keys.ts";
 
 describe("collection codec (docs/buckets.md §2)", () => {
   it("writes the examples of the spec", () => {

@@ -2,7 +2,7 @@ import pRetry, { AbortError } from "p-retry";
 import { z } from "zod";
 import type { KeyRecord } from "../../runtime/index.ts";
 import { keptOf } from "./follower.ts";
-import { decodeKey } from "./keys.ts";
+import { decodeKey } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
 

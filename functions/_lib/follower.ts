@@ -10,26 +10,12 @@ import {
   type TriggerInfo,
   type WriteBucket,
 } from "../../runtime/index.ts";
-import { decodeKey, MAX_TOKEN, TOKEN, token } from "./keys.ts";
-import { compareTimes, rfc3339 } from "./times.ts";
-
-/** The longest failing word kept, in characters; a longer one is cut, never refused. */
-export const MAX_WORD = 1024;
+import { decodeKey, MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
+import { compareTimes, rfc3339 } from "../../contract/times.ts";
+import { MAX_WORD, type FailingEvent, type RecoveredEvent } from "../../contract/events.ts";
 
 /** The config's stream the providers' events are kept in, followed by durable consumers (docs/failing.md §5.4). */
 export const EVENTS_STREAM = "events";
-
-const triple = { machine: token, consumer: token, at: rfc3339 };
-
-/**
- * `<provider>.provisioner.failing` (docs/failing.md §5): `{ machine, consumer, word, at }`. Fields beyond
- * these are ignored, so a provider that says more still raises its failing.
- */
-export const failingEvent = z.object({ ...triple, word: z.string().min(1, "must say what fails") });
-/** `<provider>.provisioner.recovered` (docs/failing.md §5): `{ machine, consumer, at }`; a `word` is ignored. */
-export const recoveredEvent = z.object(triple);
-export type FailingEvent = z.output<typeof failingEvent>;
-export type RecoveredEvent = z.output<typeof recoveredEvent>;
 
 /**
  * The provider an event came from: the first token of its subject

@@ -5,9 +5,8 @@
  */
 import { z } from "zod";
 import { formatIssues, type ReadStream, type StreamMessage } from "../../runtime/index.ts";
-import { failingEvent, recoveredEvent } from "./follower.ts";
-import { TOKEN } from "./keys.ts";
-import { rotatedEvent } from "./rotation.ts";
+import { failingEvent, recoveredEvent, rotatedEvent } from "../../contract/events.ts";
+import { TOKEN } from "../../contract/keys.ts";
 
 /** The `what` of the events' history (docs/failing.md §5.8). */
 export const HISTORY = "history";

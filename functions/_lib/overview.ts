@@ -7,7 +7,7 @@ import { z } from "zod";
 import type { ReadStream, RuntimeRecords, StoreUse, ViewBucket } from "../../runtime/index.ts";
 import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
-import { token } from "./keys.ts";
+import { token } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import { modulesOf, provisioningOf, staleHoldersOf, stateAt, type Model, type ModuleState, type StateInputs } from "./state.ts";
 import { readStatus, statusReads, type Status } from "./status.ts";

@@ -2,11 +2,11 @@ import { createHash } from "node:crypto";
 import { LRUCache } from "lru-cache";
 import { z } from "zod";
 import { badInput, formatIssues, JsonText, type Entry } from "../../runtime/index.ts";
-import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "./keys.ts";
+import { collectionName, decodeKey, filtersFor, token, type Field, type ShapeName } from "../../contract/keys.ts";
 import { registryValue } from "./registry.ts";
 import { modulesOf, moduleStateSchema, stateAt, STATES, type Model } from "./state.ts";
 import { HISTORY, HISTORY_NARROWINGS, historyEntrySchema, type HistoryItem } from "./history.ts";
-import { rfc3339 } from "./times.ts";
+import { rfc3339 } from "../../contract/times.ts";
 
 /** The verb's subject (docs/verb.md §4). */
 export const VERB = "mesh-provisioner.provisioning";

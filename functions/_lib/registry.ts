@@ -1,7 +1,7 @@
 import { isDeepStrictEqual } from "node:util";
 import { z } from "zod";
 import { RevisionConflict, type WriteBucket } from "../../runtime/index.ts";
-import { token } from "./keys.ts";
+import { token } from "../../contract/keys.ts";
 
 /** Kinds whose values are secrets or credentials: never in a bucket (docs/registry.md §3.3). */
 export const SECRET_KINDS = ["secret", "consumers"] as const;

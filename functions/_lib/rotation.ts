@@ -16,8 +16,9 @@ import {
 } from "../../runtime/index.ts";
 import { appliedIndex, appliedOf } from "./applied.ts";
 import { keeping } from "./keeping.ts";
-import { TOKEN, token } from "./keys.ts";
-import { compareTimes, rfc3339 } from "./times.ts";
+import { TOKEN } from "../../contract/keys.ts";
+import { compareTimes, rfc3339 } from "../../contract/times.ts";
+import type { RotatedEvent } from "../../contract/events.ts";
 
 /** `rotation` of `wrangler-free.config.ts` (docs/rotation.md §8.4). */
 export const rotationConfig = z.object({
@@ -35,32 +36,6 @@ export const rotationConfig = z.object({
     .default({ graceSeconds: 300, renoticeMinutes: 60, renoticeEverySeconds: 60, releaseEverySeconds: 10 }),
 });
 export type RotationConfig = z.output<typeof rotationConfig>["rotation"];
-
-/** The subject a node's notices go to (docs/rotation.md §8.5). */
-export const refreshSubject = (node: string) => `mesh-provisioner.refresh.${node}`;
-/** The subject a provider's releases go to (docs/rotation.md §8.6). */
-export const releasedSubject = (provider: string) => `mesh-provisioner.released.${provider}`;
-
-/** The longest revision kept, in characters. */
-export const MAX_REVISION = 256;
-
-/**
- * `<provider>.provisioner.rotated` (docs/rotation.md §8.2): `{ provision, revision, at }`, and
- * `machine` and `consumer` together when only that holder's credential changed.
- */
-export const rotatedEvent = z
-  .object({
-    provision: token.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /"),
-    revision: z.string().min(1, "must name the new revision").max(MAX_REVISION),
-    at: rfc3339,
-    machine: token.optional(),
-    consumer: token.optional(),
-  })
-  .refine((e) => (e.machine === undefined) === (e.consumer === undefined), {
-    message: "machine and consumer go together: both (one holder) or neither (every holder)",
-    path: ["consumer"],
-  });
-export type RotatedEvent = z.output<typeof rotatedEvent>;
 
 /** What the rotations bucket keeps per key (docs/rotation.md §8.2). */
 export const rotationValue = z.object({
@@ -181,15 +156,6 @@ export async function keepRotation(
     }
   });
 }
-
-/**
- * `<provider>.provisioner.acknowledged` (docs/rotation.md §8.6): the provider received the
- * release of the rotation `{ provision, revision }` (with `machine` and `consumer` for one
- * holder's), `at` by its clock. The fields of the rotated event it acknowledges.
- */
-export const acknowledgedEvent = rotatedEvent;
-/** The subject a provider acknowledges a release on (docs/rotation.md §8.6). */
-export const acknowledgedSubject = (provider: string) => `${provider}.provisioner.acknowledged`;
 
 /**
  * Writes `acknowledgedAt` (the server's time of the acknowledgement) in the released rotation

@@ -6,7 +6,7 @@
 import { z } from "zod";
 import { createRequire } from "node:module";
 import type { Entry, KeyRecord, Snapshot } from "../../runtime/index.ts";
-import { decodeKey, TOKEN } from "./keys.ts";
+import { decodeKey, TOKEN } from "../../contract/keys.ts";
 import { appliedIndex, appliedOf } from "./applied.ts";
 import { keeping, type Changes } from "./keeping.ts";
 import { cutText, failingOf } from "./follower.ts";

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import type { ReadBucket, RuntimeRecords, StoreUse, ViewBucket } from "../../runtime/index.ts";
 import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
-import { filtersFor, token } from "./keys.ts";
+import { filtersFor, token } from "../../contract/keys.ts";
 import { HEADROOM } from "./provisioning.ts";
 import type { StaleHolder } from "./rotation.ts";
 import { currentModel, provisioningSchema, snapshotsOf, type Model, type Provisioning, type StateInputs } from "./state.ts";

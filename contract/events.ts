@@ -1,0 +1,55 @@
+/**
+ * The events providers publish and the subjects the set answers them on (docs/failing.md §5,
+ * docs/rotation.md §8): what a client and the set both stand on. Imports zod and the contract only.
+ */
+import { z } from "zod";
+import { token } from "./keys.ts";
+import { rfc3339 } from "./times.ts";
+
+/** The longest failing word kept, in characters; a longer one is cut, never refused. */
+export const MAX_WORD = 1024;
+
+const triple = { machine: token, consumer: token, at: rfc3339 };
+
+/**
+ * `<provider>.provisioner.failing` (docs/failing.md §5): `{ machine, consumer, word, at }`. Fields beyond
+ * these are ignored, so a provider that says more still raises its failing.
+ */
+export const failingEvent = z.object({ ...triple, word: z.string().min(1, "must say what fails") });
+/** `<provider>.provisioner.recovered` (docs/failing.md §5): `{ machine, consumer, at }`; a `word` is ignored. */
+export const recoveredEvent = z.object(triple);
+export type FailingEvent = z.output<typeof failingEvent>;
+export type RecoveredEvent = z.output<typeof recoveredEvent>;
+
+/** The subject a node's notices go to (docs/rotation.md §8.5). */
+export const refreshSubject = (node: string) => `mesh-provisioner.refresh.${node}`;
+/** The subject a provider's releases go to (docs/rotation.md §8.6). */
+export const releasedSubject = (provider: string) => `mesh-provisioner.released.${provider}`;
+
+/** The longest revision kept, in characters. */
+export const MAX_REVISION = 256;
+
+/**
+ * `<provider>.provisioner.rotated` (docs/rotation.md §8.2): `{ provision, revision, at }`, and
+ * `machine` and `consumer` together when only that holder's credential changed.
+ */
+export const rotatedEvent = z
+  .object({
+    provision: token.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /"),
+    revision: z.string().min(1, "must name the new revision").max(MAX_REVISION),
+    at: rfc3339,
+    machine: token.optional(),
+    consumer: token.optional(),
+  })
+  .refine((e) => (e.machine === undefined) === (e.consumer === undefined), {
+    message: "machine and consumer go together: both (one holder) or neither (every holder)",
+    path: ["consumer"],
+  });
+export type RotatedEvent = z.output<typeof rotatedEvent>;
+
+/**
+ * `<provider>.provisioner.acknowledged` (docs/rotation.md §8.6): the provider received the
+ * release of the rotation `{ provision, revision }` (with `machine` and `consumer` for one
+ * holder's), `at` by its clock. The fields of the rotated event it acknowledges.
+ */
+export const acknowledgedEvent = rotatedEvent;
