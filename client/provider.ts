@@ -121,7 +121,8 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
         return publish("acknowledged", { provision: r.provision, revision: r.revision, at: new Date().toISOString(), ...holder });
       };
       const deliver = async (r: ReleasedNotice) => {
-        const id = JSON.stringify([r.provision, r.machine ?? null, r.consumer ?? null, r.revision]);
+        // A rotation, by its time too: a revision that comes back later (A, B, A) is another release.
+        const id = JSON.stringify([r.provision, r.machine ?? null, r.consumer ?? null, r.revision, r.at]);
         const was = seen.get(id);
         if (was === "handling") return;
         // Handled already, and published again: the acknowledgement was lost or not followed yet.

@@ -37,7 +37,7 @@ export default defineFunction({
     const due = await dueOf(await Promise.all([views.rotations.snapshot(), views.needs.snapshot(), views.applied.snapshot()]));
     let noticed = 0;
     let released = 0;
-    for (const { rotation: r, state, release, nodes, byNode, again } of due) {
+    for (const { rotation: r, state, release, nodes, byNode, again, stillNoticed } of due) {
       const { provider, provision, revision, at } = r;
       let change: Partial<RotationValue> = {};
       if (release !== undefined) {
@@ -46,11 +46,13 @@ export default defineFunction({
         const holder = r.machine === undefined ? {} : { machine: r.machine, consumer: r.consumer };
         if (!send(releasedSubject(provider), { provision, revision, at, holders: state.holders, ...holder })) continue;
         const sentAt = now.toISOString();
-        // A holder appearing after the release is a node not noticed yet: noticed at once.
         change =
           release === "first"
-            ? { releasedAt: sentAt, releaseSentAt: sentAt, releases: 1, noticedNodes: [] }
+            ? { releasedAt: sentAt, releaseSentAt: sentAt, releases: 1 }
             : { releaseSentAt: sentAt, releases: r.releases + 1 };
+        if (release === "again") {
+          ctx.log.info({ provider, provision, revision, releases: r.releases + 1 }, "release not acknowledged; published again");
+        }
       }
       let sent = 0;
       for (const node of nodes) {
@@ -59,9 +61,17 @@ export default defineFunction({
           if (send(refreshSubject(node), part)) sent++;
         }
       }
+      // What is noticed and still stale, so a holder that leaves and comes back is noticed again.
+      let noticedModules: readonly string[] = stillNoticed;
       if (sent > 0) {
+        noticedModules = [
+          ...new Set([...stillNoticed, ...nodes.flatMap((node) => [...byNode.get(node)!].map((m) => `${node}.${m}`))]),
+        ].sort();
         const noticedNodes = [...new Set([...r.noticedNodes, ...nodes])].sort();
         change = { ...change, ...(again ? { noticedAt: now.toISOString(), notices: r.notices + 1, noticedNodes } : { noticedNodes }) };
+      }
+      if (noticedModules.length !== (r.noticedModules?.length ?? -1) || noticedModules.some((m, i) => r.noticedModules![i] !== m)) {
+        change = { ...change, noticedModules: [...noticedModules] };
       }
       if (Object.keys(change).length === 0 || !(await record(r, change))) continue;
       noticed += sent;
@@ -125,23 +135,32 @@ interface Due {
   readonly byNode: ReadonlyMap<string, ReadonlySet<string>>;
   /** Whether this is a notice of every stale node again (rather than only of those not noticed yet). */
   readonly again: boolean;
+  /** The modules noticed before and still stale, `<node>.<module>`, sorted. */
+  readonly stillNoticed: readonly string[];
 }
+
+/** How long, at most, between two publishes of a release not acknowledged, in milliseconds. */
+export const RELEASE_EVERY_MAX_MS = 60 * 60_000;
 
 /**
  * What is due at `now` for rotation `r` (docs/rotation.md §8.5, §8.6), or nothing: the first
- * release once no holder holds it back; the release again every `releaseEverySeconds` until the
- * provider acknowledges (not for a release of an earlier version, which published it once); a
- * notice to each node with a stale holder at once, and to all of them again every
- * `renoticeEverySeconds` for `renoticeMinutes` after the rotation arrived.
+ * release once no holder holds it back; the release again until the provider acknowledges,
+ * `releaseEverySeconds` after the first, the wait doubling after each to at most
+ * {@link RELEASE_EVERY_MAX_MS} (not for a release of an earlier version, which published it
+ * once); a notice at once to each node with a stale holder not noticed yet (a module not among
+ * those noticed and still stale), and to all of them again every `renoticeEverySeconds` for
+ * `renoticeMinutes` after the rotation arrived; and the noticed modules written again when some
+ * are stale no more.
  */
 function dueFor(r: Rotation, state: RotationState, held: readonly StaleHolder[], now: Date, config: RotationConfig): Due | undefined {
   const sinceRelease = r.releaseSentAt === null ? 0 : now.getTime() - Date.parse(r.releaseSentAt);
+  const wait = Math.min(config.releaseEverySeconds * 1000 * 2 ** Math.max(0, r.releases - 1), RELEASE_EVERY_MAX_MS);
   const release =
     r.releasedAt === null
       ? state.stale === 0
         ? "first"
         : undefined
-      : r.acknowledgedAt === null && r.releases > 0 && sinceRelease >= config.releaseEverySeconds * 1000
+      : r.acknowledgedAt === null && r.releases > 0 && sinceRelease >= wait
         ? "again"
         : undefined;
   const byNode = new Map<string, Set<string>>();
@@ -149,9 +168,15 @@ function dueFor(r: Rotation, state: RotationState, held: readonly StaleHolder[],
   const since = r.noticedAt === null ? Infinity : now.getTime() - Date.parse(r.noticedAt);
   const within = now.getTime() - Date.parse(r.arrivedAt) <= config.renoticeMinutes * 60_000;
   const again = r.noticedAt === null || (within && since >= config.renoticeEverySeconds * 1000);
-  // A node with a stale holder never noticed of this rotation (a need written since, or since the release) is noticed at once.
-  const told = new Set(r.noticedNodes);
-  const nodes = [...byNode.keys()].filter((node) => again || !told.has(node));
-  if (release === undefined && nodes.length === 0) return undefined;
-  return { rotation: r, state, ...(release === undefined ? {} : { release }), nodes, byNode, again };
+  // A stale holder not noticed yet (a need written since, again, or after the release) is noticed
+  // at once. A record of an earlier version kept the nodes noticed, and did not empty them at the release.
+  const stale = held.map((h) => `${h.node}.${h.module}`);
+  const noticed = new Set(
+    r.noticedModules ?? (r.releasedAt === null ? stale.filter((m) => r.noticedNodes.includes(m.slice(0, m.indexOf(".")))) : []),
+  );
+  const stillNoticed = [...new Set(stale.filter((m) => noticed.has(m)))].sort();
+  const nodes = [...byNode.keys()].filter((node) => again || [...byNode.get(node)!].some((m) => !noticed.has(`${node}.${m}`)));
+  const forgotten = (r.noticedModules?.length ?? 0) !== stillNoticed.length;
+  if (release === undefined && nodes.length === 0 && !forgotten) return undefined;
+  return { rotation: r, state, ...(release === undefined ? {} : { release }), nodes, byNode, again, stillNoticed };
 }

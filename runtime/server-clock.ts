@@ -48,7 +48,14 @@ export function serverClock(sample: () => Promise<ClockSample>, log: Logger, loc
       offset = measured;
       said = false;
     } catch (err) {
-      if (!said) log.warn({ err: (err as Error).message }, "the server's time could not be read; judging on the last offset measured");
+      if (!said) {
+        log.warn(
+          { err: (err as Error).message },
+          offset === undefined
+            ? "the server's time could not be read; judging on this host's clock until it can"
+            : "the server's time could not be read; judging on the last offset measured",
+        );
+      }
       said = true;
     }
   };

@@ -4,7 +4,7 @@
  * records (docs/runtime.md §6.4).
  */
 import { randomUUID } from "node:crypto";
-import type { NatsConnection } from "nats";
+import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
@@ -69,6 +69,7 @@ export async function openStorage(
   const js = nc.jetstream();
   const read = (name: string) => readBucket(kvs.get(name)!, config.buckets[name]!.bucket, nc);
   const views = new Map<string, LiveView>();
+  let jsm: JetStreamManager | undefined;
   // The runtime's records as the functions read them (`ctx.runtime`): from a live view, one
   // freshness check for all of them rather than a get each; its own writes read the server.
   const recordsRead = readBucket(kvs.get(RECORDS)!, recordsBucket(config.seat), nc);
@@ -111,7 +112,9 @@ export async function openStorage(
       const seq = await kvs.get(RECORDS)!.put(CLOCK_KEY, "");
       const ackedAt = Date.now();
       // The stream leader's stored time, by sequence (a direct get may be answered by a replica behind).
-      const stored = await (await nc.jetstreamManager()).streams.getMessage(`KV_${recordsBucket(config.seat)}`, { seq });
+      const stored = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.getMessage(`KV_${recordsBucket(config.seat)}`, {
+        seq,
+      });
       return { sentAt, ackedAt, storedAt: nanosOfTime(stored.timestamp) / 1e6 };
     },
     notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []),

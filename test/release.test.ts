@@ -50,6 +50,9 @@ const rotate = async (provision: string, revision: string, provider = keycloak, 
     .seq;
 const releasesOf = (provision: string) => releases.filter((r) => r.provision === provision);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** A client of the provider keycloak through the client library. */
+const connect = () =>
+  connectProvider({ servers: bus.url, provider: "keycloak", credentials: { password: bus.server.users.keycloak!.password } });
 
 describe("a holder whose revisions the set cannot read", () => {
   it.each([
@@ -130,14 +133,24 @@ describe("a holder that comes back after the release", () => {
     await until(() => notices.filter((n) => n.provision === "solo").length > before, 5000, "noticed again");
     expect(notices.at(-1)).toMatchObject({ provision: "solo", revision: "r2", modules: ["solo"] });
     expect((await ask({ what: "holders", provision: "solo" })).entries[0]).toMatchObject({ revision: "r1", stale: true });
-  }, 20_000);
+    // Another module of the same node, appearing stale: noticed too, though its node was.
+    const count = () => notices.filter((n) => n.provision === "solo").length;
+    let seen = count();
+    await needs.put("alder.solo2.bound.solo/password", "{}");
+    await until(() => count() > seen, 5000, "the node's other module noticed");
+    expect(notices.at(-1)).toMatchObject({ provision: "solo", modules: ["solo", "solo2"] });
+    // The first one gone and back again: noticed again.
+    await needs.delete("alder.solo.bound.solo/password");
+    await sleep(1500);
+    seen = count();
+    await needs.put("alder.solo.bound.solo/password", "{}");
+    await until(() => count() > seen, 5000, "noticed once more");
+  }, 30_000);
 });
 
 describe("a provider away when its rotation is released", () => {
   let client: ProviderClient | undefined;
   afterAll(async () => client?.close());
-  const connect = () =>
-    connectProvider({ servers: bus.url, provider: "keycloak", credentials: { password: bus.server.users.keycloak!.password } });
 
   it("receives it once through the client library when it is back, which acknowledges it", async () => {
     await needs.put("alder.away.bound.away/password", "{}");
@@ -178,13 +191,28 @@ describe("a provider away when its rotation is released", () => {
   }, 30_000);
 });
 
+describe("a revision that comes back (A, B, A)", () => {
+  it("is released, and handed to the client library's handler, each time", async () => {
+    const client = await connect();
+    const got: ReleasedNotice[] = [];
+    client.onReleased((r) => void got.push(r));
+    try {
+      for (const revision of ["blue", "green", "blue"]) {
+        const before = got.length;
+        await rotate("slot", revision);
+        await until(() => got.length > before, 5000, `${revision} released`);
+      }
+      await until(async () => (await rotation("keycloak.slot")).acknowledgedAt !== null, 5000, "acknowledged");
+      expect(got.filter((r) => r.provision === "slot").map((r) => r.revision)).toEqual(["blue", "green", "blue"]);
+    } finally {
+      await client.close();
+    }
+  }, 20_000);
+});
+
 describe("a revision announced again", () => {
   it("is released once", async () => {
-    const client = await connectProvider({
-      servers: bus.url,
-      provider: "keycloak",
-      credentials: { password: bus.server.users.keycloak!.password },
-    });
+    const client = await connect();
     const got: ReleasedNotice[] = [];
     client.onReleased((r) => void got.push(r));
     try {

@@ -50,6 +50,11 @@ export const rotationValue = z.object({
   notices: z.number().int().min(0).default(0),
   /** The nodes noticed of this rotation so far. */
   noticedNodes: z.array(z.string()).default([]),
+  /**
+   * The stale holders' modules noticed and still stale, `<node>.<module>`: one not among them is
+   * noticed at once. Absent in a record of an earlier version, which kept the nodes alone.
+   */
+  noticedModules: z.array(z.string()).optional(),
   /** When the release was first published (docs/rotation.md §8.6). */
   releasedAt: z.iso.datetime().nullable().default(null),
   /** When the release was last published, and how often it was. */
@@ -141,6 +146,7 @@ export async function keepRotation(
         noticedAt: null,
         notices: 0,
         noticedNodes: [],
+        noticedModules: [],
         releasedAt: null,
         releaseSentAt: null,
         releases: 0,
@@ -158,11 +164,11 @@ export async function keepRotation(
 }
 
 /**
- * Writes `acknowledgedAt` (the server's time of the acknowledgement) in the released rotation
- * `event` names, so it is published no more (docs/rotation.md §8.6). Compare-and-set, decided
- * again on a conflict. Says what it did: `acknowledged`; `again` when it was already; `unknown`
- * when no released rotation of that key holds that revision (an acknowledgement of something
- * else, or before the release: nothing changes).
+ * Writes `acknowledgedAt` (the server's time of the acknowledgement) in the rotation `event`
+ * names, so its release is published no more (docs/rotation.md §8.6); also when the release is
+ * not recorded yet (it is published, then recorded). Compare-and-set, decided again on a
+ * conflict. Says what it did: `acknowledged`; `again` when it was already; `unknown` when the
+ * kept rotation of that key holds another revision, or there is none (nothing changes).
  */
 export async function acknowledgeRelease(
   bucket: WriteBucket,
@@ -175,9 +181,8 @@ export async function acknowledgeRelease(
     for (let attempt = 0; ; attempt++) {
       const kept = await bucket.get(key);
       const was = kept === null ? undefined : rotationOf(kept);
-      if (kept === null || was === undefined || !("record" in was) || was.revision !== event.revision || was.releasedAt === null) {
-        return "unknown";
-      }
+      // Before `releasedAt` is written too: the release is published first, then recorded.
+      if (kept === null || was === undefined || !("record" in was) || was.revision !== event.revision) return "unknown";
       if (was.acknowledgedAt !== null) return "again";
       const { key: _k, provider: _p, provision: _v, machine: _m, consumer: _c, record: _r, ...value } = was;
       try {
@@ -279,13 +284,19 @@ export const reaches = (r: Rotation, h: Holder) =>
   r.provision === provisionOf(h.name) && (r.machine === undefined || (r.machine === h.node && r.consumer === h.module));
 
 /**
+ * How far apart, in nanoseconds, two of the server's times must be for the set to tell their
+ * order: it holds them as doubles (to about 256 ns now), read by more than one path.
+ */
+export const ORDER_NANOS = 1000;
+
+/**
  * The latest instant, in nanoseconds since the epoch, that a rotation may have arrived at: its
- * `arrivedAt` to the last digit it has (nine; three in a record of an earlier version, which
- * leaves the whole millisecond unknown).
+ * `arrivedAt` to the last digit it has, plus {@link ORDER_NANOS} (nine digits; three in a record
+ * of an earlier version, which leaves the whole millisecond unknown).
  */
 export function arrivedBy(rotation: Rotation): number {
   const digits = /\.(\d+)Z$/.exec(rotation.arrivedAt)?.[1]?.length ?? 0;
-  return nanosOfTime(rotation.arrivedAt) + (digits >= 9 ? 0 : 10 ** (9 - digits) - 1);
+  return nanosOfTime(rotation.arrivedAt) + Math.max(ORDER_NANOS, digits >= 9 ? 0 : 10 ** (9 - digits) - 1);
 }
 
 /**

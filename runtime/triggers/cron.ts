@@ -58,9 +58,9 @@ export function dueAt(job: Cron, from: Date, now: Date): Date {
 export function nearestRun(job: Cron, at: Date): Date {
   const t = at.getTime();
   const after = job.nextRun(new Date(t - 1));
-  // The latest before `at`: looked for from further and further back (a second, 4 s, 16 s, … a year).
+  // The latest before `at`: looked for from further and further back (a second, 4 s, 16 s, … eight years).
   let before: Date | null = null;
-  for (let back = 1000; before === null && back <= 4 ** 12 * 1000; back *= 4) {
+  for (let back = 1000; before === null && back <= 4 ** 14 * 1000; back *= 4) {
     for (let next = job.nextRun(new Date(t - back)); next !== null && next.getTime() < t; next = job.nextRun(next)) before = next;
   }
   if (after === null) return before ?? at;

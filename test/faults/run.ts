@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { execFileSync } from "node:child_process";
 import { findNatsServer } from "../../runtime/nats-server.ts";
 import { ROOT } from "../helpers.ts";
-import { FAULTS, judge, losses, startScene, type Fault, type Judgement, type Losses } from "./scenario.ts";
+import { FAULTS, judge, losses, RECOVERED_WITHIN_MS, startScene, type Fault, type Judgement, type Losses } from "./scenario.ts";
 
 const asked = process.argv.slice(2);
 const unknown = asked.filter((key) => !(key in FAULTS));
@@ -55,7 +55,8 @@ for (const key of keys) {
 }
 
 const table = [
-  "| fault | acknowledged writes / events lost | fresh answers missing acknowledged writes (writes missed) | fresh answers / refused | `/readyz` ready while a replica could not answer fresh | servers back after the fault was undone | refused 10 s after the servers were back | longest without a fresh answer (per reader) | the needs stream's replicas at the end |",
+  "| fault | acknowledged writes / events lost | fresh answers missing acknowledged writes (writes missed) | fresh answers / refused | `/readyz` ready while a replica could not answer fresh | servers back after the fault was undone | refused " +
+    `${RECOVERED_WITHIN_MS / 1000} s after the servers were back | longest without a fresh answer (per reader) | the needs stream's replicas at the end |`,
   "|---|---|---|---|---|---|---|---|---|",
   ...rows.map(({ key, judged, lost, error }) => {
     const name = FAULTS[key as keyof typeof FAULTS].name;

@@ -14,7 +14,7 @@ import { failedBetween, longestGap, lostEvents, lostWrites, missedWrites, readyW
 import { EVENTS, MACHINE, NEEDS, newToken, startReplicas, startWorkload, tail, type Replica, type Workload } from "./workload.ts";
 
 /** How soon after the servers recover every fresh read must answer again, in milliseconds. */
-export const RECOVERED_WITHIN_MS = 10_000;
+export const RECOVERED_WITHIN_MS = 15_000;
 /** How long fresh reads are watched once they must answer again, in milliseconds. */
 export const WATCHED_MS = 5_000;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
