@@ -1,7 +1,22 @@
 import { Option } from "commander";
 import prettyMilliseconds from "pretty-ms";
 import { ServiceError, type NatsConnection } from "nats";
-import { ASKED, NARROWINGS, VERB, VERB_SHAPE, type Answer, type What } from "../functions/_lib/provisioning.ts";
+import {
+  ASKED,
+  NARROWINGS,
+  VERB,
+  VERB_SHAPE,
+  type Answer,
+  type Asked,
+  type HISTORY,
+  type HOLDERS,
+  type ROTATIONS,
+  type STATE,
+  type What,
+} from "../functions/_lib/provisioning.ts";
+import type { HistoryEntry } from "../functions/_lib/history.ts";
+import type { RotationState } from "../functions/_lib/rotation.ts";
+import type { ModuleState } from "../functions/_lib/state.ts";
 
 const decoder = new TextDecoder();
 
@@ -27,13 +42,45 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
   return JSON.parse(decoder.decode(reply.data)) as T;
 }
 
+/** An entry of a bucket's view (docs/verb.md §4): the key, its fields by name, the value as the node wrote it. */
+export type BucketEntry = Extract<Answer["entries"][number], { revision: number }>;
+
+/** A holder as `what=holders` answers it (docs/rotation.md §8.1). */
+export interface HolderEntry {
+  readonly key: string;
+  readonly node: string;
+  readonly module: string;
+  readonly kind: string;
+  readonly name: string;
+  readonly revision: string | null;
+  readonly appliedAt: string | null;
+  readonly stale: boolean;
+}
+
+/** The entry of each `what` the verb answers (docs/verb.md §4). */
+export type Entries = Record<What, BucketEntry> & {
+  readonly [STATE]: ModuleState;
+  readonly [HOLDERS]: HolderEntry;
+  readonly [ROTATIONS]: RotationState;
+  readonly [HISTORY]: HistoryEntry;
+};
+
+/** The answer to a request for `what` W: its entries are W's. */
+export type AnswerOf<W extends Asked> = Omit<Answer, "what" | "entries"> & { readonly what: W; readonly entries: Entries[W][] };
+
+/**
+ * A request of the verb: `what` and its fields. The verb refuses a `what` it does not know, so the
+ * answer to a `what` known only as a string is that of any of {@link ASKED}.
+ */
+export type AskRequest<W extends string> = { readonly what: W; readonly [field: string]: unknown };
+
 /** Asks `mesh-provisioner.provisioning` once (docs/verb.md §4): one page. */
-export function askOnce(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
-  return askVerb<Answer>(nc, VERB, request);
+export function askOnce<W extends string>(nc: NatsConnection, request: AskRequest<W>): Promise<AnswerOf<W & Asked>> {
+  return askVerb<AnswerOf<W & Asked>>(nc, VERB, request);
 }
 
 /** Asks every page of a request (following `next`) and returns them as one answer. */
-export async function askAll(nc: NatsConnection, request: Record<string, unknown>): Promise<Answer> {
+export async function askAll<W extends string>(nc: NatsConnection, request: AskRequest<W>): Promise<AnswerOf<W & Asked>> {
   let page = await askOnce(nc, request);
   const entries = [...page.entries];
   const outOfShape = [...page.outOfShape];
@@ -92,7 +139,7 @@ export function table(rows: readonly (readonly string[])[]): string[] {
 }
 
 /** An answer as a readable table, then its out-of-shape keys with their reasons. */
-export function formatAnswer(answer: Answer & { what: What }): string {
+export function formatAnswer(answer: AnswerOf<What>): string {
   const { columns } = VERB_SHAPE.whats[answer.what];
   const lines =
     answer.entries.length === 0

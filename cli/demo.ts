@@ -151,7 +151,7 @@ export async function publishDemoRotation(bus: DemoBus): Promise<void> {
     await client.rotated(provision, revision, { machine, consumer });
     await untilShown(async () => {
       const { entries } = await askAll(client.nc, { what: HOLDERS, provision, node: machine });
-      return (entries as unknown as { module: string; stale: boolean }[]).some((h) => h.module === consumer && h.stale);
+      return entries.some((h) => h.module === consumer && h.stale);
     }, `the rotation of ${provision} was published but its holder is not stale`);
   } finally {
     await client.close();

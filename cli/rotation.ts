@@ -1,21 +1,8 @@
-import { HOLDERS, ROTATIONS, type Answer } from "../functions/_lib/provisioning.ts";
-import type { RotationState } from "../functions/_lib/rotation.ts";
-import { failingFor, shown, table } from "./ask.ts";
-
-/** A holder as `what=holders` answers it (docs/rotation.md §8.1). */
-export interface HolderEntry {
-  readonly key: string;
-  readonly node: string;
-  readonly module: string;
-  readonly kind: string;
-  readonly name: string;
-  readonly revision: string | null;
-  readonly appliedAt: string | null;
-  readonly stale: boolean;
-}
+import { HOLDERS, ROTATIONS } from "../functions/_lib/provisioning.ts";
+import { failingFor, shown, table, type AnswerOf } from "./ask.ts";
 
 /** The holders of a provision as a table: node, module, need, the revision in use, stale or caught up. */
-export function formatHolders(answer: Omit<Answer, "entries"> & { entries: HolderEntry[] }, now: Date): string {
+export function formatHolders(answer: AnswerOf<typeof HOLDERS>, now: Date): string {
   if (answer.entries.length === 0) return `no ${HOLDERS}`;
   return [
     ...table([
@@ -34,7 +21,7 @@ export function formatHolders(answer: Omit<Answer, "entries"> & { entries: Holde
 }
 
 /** The kept rotations as a table: provider, provision (and holder), revision, holders caught up, released. */
-export function formatRotations(answer: Omit<Answer, "entries"> & { entries: RotationState[] }, now: Date): string {
+export function formatRotations(answer: AnswerOf<typeof ROTATIONS>, now: Date): string {
   if (answer.entries.length === 0) return `no ${ROTATIONS}`;
   return [
     ...table([

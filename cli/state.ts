@@ -1,11 +1,11 @@
 import type { NatsConnection } from "nats";
-import { STATE, type Answer } from "../functions/_lib/provisioning.ts";
+import { STATE } from "../functions/_lib/provisioning.ts";
 import type { Condition, ModuleState } from "../functions/_lib/state.ts";
-import { askAll, failingFor, shown, table } from "./ask.ts";
+import { askAll, failingFor, shown, table, type AnswerOf } from "./ask.ts";
 
 /** Every module state a narrowing reaches (docs/state.md §7.5), through every page. */
-export async function askStates(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<Answer & { entries: ModuleState[] }> {
-  return (await askAll(nc, { ...narrowing, what: STATE })) as Answer & { entries: ModuleState[] };
+export function askStates(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<AnswerOf<typeof STATE>> {
+  return askAll(nc, { ...narrowing, what: STATE });
 }
 
 const WIDEST = 120;

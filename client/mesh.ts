@@ -30,8 +30,9 @@ export class ClientArgumentError extends TypeError {
   constructor(
     readonly argument: string,
     reason: string,
+    options?: ErrorOptions,
   ) {
-    super(`${argument} ${reason}`);
+    super(`${argument} ${reason}`, options);
     this.name = "ClientArgumentError";
   }
 }
@@ -98,7 +99,7 @@ export function usersFile(file: string, user: string): Credentials {
   try {
     users = JSON.parse(readFileSync(file, "utf8"));
   } catch (err) {
-    throw new ClientArgumentError("users file", `${file} cannot be read as JSON: ${(err as Error).message}`);
+    throw new ClientArgumentError("users file", `${file} cannot be read as JSON: ${(err as Error).message}`, { cause: err });
   }
   const password = (users as Record<string, unknown> | null)?.[user];
   if (typeof password !== "string") throw new ClientArgumentError("user", `${JSON.stringify(user)} is not in ${file}`);

@@ -1,6 +1,6 @@
 import { defineFunction } from "../runtime/index.ts";
 import { alertsConfig, alertsOf, moduleAlerts, postAlerts, raisedAlerts, staleAlerts, type PostableAlert } from "./_lib/alerts.ts";
-import { currentModel, provisioningConfig, provisioningOf, snapshotsOf, staleHoldersOf } from "./_lib/state.ts";
+import { provisioningConfig, provisioningOf, readModel, staleHoldersOf, STATE_VIEWS } from "./_lib/state.ts";
 
 // What this replica raised for modules and stale holders at its last run, to resolve what no longer fires.
 let raisedModules = new Map<string, PostableAlert>();
@@ -15,13 +15,13 @@ export default defineFunction({
   description: "Raises failing providers and modules not well to Alertmanager (when alerts.alertmanager is set) and resolves them.",
   triggers: [{ cron: "*/30 * * * * *" }],
   config: alertsConfig.extend(provisioningConfig.shape),
-  access: { views: ["failing", "assignments", "needs", "applied", "registry", "rotations"] },
+  access: { views: STATE_VIEWS },
   handler: async (_input, ctx) => {
     const { alertmanager } = ctx.config.alerts;
     if (alertmanager === undefined) return { sent: 0, off: "alerts.alertmanager is not set" };
     const now = ctx.clock.now();
     const { graceSeconds } = ctx.config.provisioning;
-    const model = await currentModel(await snapshotsOf(ctx.views), graceSeconds, ctx.config.rotation.graceSeconds);
+    const { model } = await readModel(ctx);
     const firing = new Map([
       ...moduleAlerts(provisioningOf(model, now, graceSeconds).notWell, now),
       ...staleAlerts(staleHoldersOf(model, now), now),

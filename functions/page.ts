@@ -3,7 +3,7 @@ import { defineFunction, formatIssues, HtmlText, WithStatus } from "../runtime/i
 import { EVENTS_STREAM } from "./_lib/follower.ts";
 import { overviewOf, pageQuery } from "./_lib/overview.ts";
 import { pageOf, PARTS_PATH, partsOf, refusedPage } from "./_lib/page.tsx";
-import { provisioningConfig } from "./_lib/state.ts";
+import { provisioningConfig, STATE_VIEWS } from "./_lib/state.ts";
 
 /**
  * docs/page.md §10: the page a person looks at, `GET /`: whether the mesh is well, what fails
@@ -17,7 +17,7 @@ export default defineFunction({
   // Checked by the handler against pageQuery, so a refusal is a page, not JSON.
   input: z.record(z.string(), z.unknown()),
   config: provisioningConfig,
-  access: { views: ["failing", "registry", "assignments", "needs", "applied", "rotations"], streams: [EVENTS_STREAM] },
+  access: { views: STATE_VIEWS, streams: [EVENTS_STREAM] },
   handler: async (input, ctx) => {
     const parts = ctx.trigger.kind === "http" && ctx.trigger.path === PARTS_PATH;
     const query = pageQuery.safeParse(input);

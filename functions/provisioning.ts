@@ -19,7 +19,7 @@ import {
 } from "./_lib/provisioning.ts";
 import { appliedIndex } from "./_lib/applied.ts";
 import { heldIn, holdersIndex, isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
-import { currentModel, provisioningConfig, snapshotsOf, STATE_VIEWS } from "./_lib/state.ts";
+import { provisioningConfig, readModel, STATE_VIEWS } from "./_lib/state.ts";
 import { historyOf } from "./_lib/history.ts";
 import { EVENTS_STREAM } from "./_lib/follower.ts";
 
@@ -35,7 +35,8 @@ export default defineFunction({
   input: provisioningRequest,
   output: answerSchema,
   config: provisioningConfig,
-  access: { views: [...WHATS, "assignments", "failing", "rotations"], streams: [EVENTS_STREAM] },
+  // The buckets the verb answers and those the state reads, each once.
+  access: { views: [...new Set([...WHATS, ...STATE_VIEWS])], streams: [EVENTS_STREAM] },
   handler: async (request, ctx) => {
     const cursors = cursorsOf(request);
     if (request.what === HISTORY) {
@@ -49,47 +50,40 @@ export default defineFunction({
     }
     if (request.what === STATE) {
       const { graceSeconds } = ctx.config.provisioning;
-      // With `stale`: the oldest of the state's views' last confirmations, read before what they hold.
-      const confirmations = STATE_VIEWS.map((v) => ctx.views[v].confirmedAt());
-      const model = await currentModel(await snapshotsOf(ctx.views, request.stale), graceSeconds, ctx.config.rotation.graceSeconds);
-      const confirmedAt = !request.stale
-        ? undefined
-        : confirmations.includes(null)
-          ? null
-          : new Date(Math.min(...confirmations.map((d) => d!.getTime())));
+      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale });
       return answerStatePage(request, model, ctx.clock.now(), graceSeconds, ctx.limits.maxPayload, cursors, confirmedAt);
     }
     if (request.what === HOLDERS || request.what === ROTATIONS) {
-      const [needs, applied, rotations] = await Promise.all([
+      const [needs, applied, rotationsSnapshot] = await Promise.all([
         ctx.views.needs.snapshot(),
         ctx.views.applied.snapshot(),
         ctx.views.rotations.snapshot(),
       ]);
-      const [byProvision, appliedByKey, { rotations: kept, outOfShape }] = await Promise.all([
+      const [byProvision, appliedByKey, { rotations, outOfShape }] = await Promise.all([
         holdersIndex(needs),
         appliedIndex(applied),
-        rotationsIn(rotations.reads),
+        rotationsIn(rotationsSnapshot.reads),
       ]);
-      const held = heldIn(appliedByKey);
+      const heldBy = heldIn(appliedByKey);
       if (request.what === HOLDERS) {
         const provision = request.provision!;
-        const ofProvision = kept.filter((r) => r.provision === provision);
+        const ofProvision = rotations.filter((r) => r.provision === provision);
         const items = (byProvision.get(provision) ?? [])
           .filter((h) => (request.node === undefined || h.node === request.node) && (request.kind === undefined || h.kind === request.kind))
           .map((h) => {
-            const x = held(h, provision);
+            const holding = heldBy(h, provision);
             const newest = newestFor(ofProvision, h);
             const entry = {
               ...h,
-              revision: x.revision,
-              appliedAt: x.appliedAt?.toISOString() ?? null,
-              stale: newest !== undefined && isStale(newest, x),
+              revision: holding.revision,
+              appliedAt: holding.appliedAt?.toISOString() ?? null,
+              stale: newest !== undefined && isStale(newest, holding),
             };
             return { key: h.key, text: JSON.stringify(entry) };
           });
         return answerItemsPage(HOLDERS, request, items, ctx.limits.maxPayload, cursors);
       }
-      const { states } = rotationStates(kept, byProvision, held);
+      const { states } = rotationStates(rotations, byProvision, heldBy);
       const items = states
         .filter(
           (r) =>

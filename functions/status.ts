@@ -3,11 +3,11 @@ import {
   CONDITIONS,
   conditionsAt,
   NO_PROVISIONING,
-  staleHoldersOf,
-  currentModel,
   provisioningConfig,
   provisioningOf,
-  snapshotsOf,
+  readModel,
+  staleHoldersOf,
+  STATE_VIEWS,
   STATES,
 } from "./_lib/state.ts";
 import { countFailing, readStatus, STATUS, statusAnswer, statusReads, statusRequest } from "./_lib/status.ts";
@@ -24,7 +24,7 @@ export default defineFunction({
   input: statusRequest,
   output: statusAnswer,
   config: provisioningConfig,
-  access: { views: ["failing", "registry", "assignments", "needs", "applied", "rotations"] },
+  access: { views: STATE_VIEWS },
   metrics: {
     failing_triples: {
       type: "gauge",
@@ -41,28 +41,21 @@ export default defineFunction({
       help: "Modules of every node by provisioning state (docs/state.md §7)",
       labels: ["state"],
       collect: async (ctx) => {
-        const model = await currentModel(
-          await snapshotsOf(ctx.views, true),
-          ctx.config.provisioning.graceSeconds,
-          ctx.config.rotation.graceSeconds,
-        );
+        const { model } = await readModel(ctx, { stale: true });
         return STATES.map((state) => ({ labels: { state }, value: model.counts[state] }));
       },
     },
     stale_holders: {
       type: "gauge",
       help: "Holders of a rotated provision not on its new revision yet (docs/rotation.md §8.3), within their grace or past it",
-      collect: async (ctx) =>
-        (await currentModel(await snapshotsOf(ctx.views, true), ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds))
-          .staleHolders,
+      collect: async (ctx) => (await readModel(ctx, { stale: true })).model.staleHolders,
     },
     module_conditions: {
       type: "gauge",
       help: "Modules carrying each condition (docs/state.md §7), Late included",
       labels: ["type"],
       collect: async (ctx) => {
-        const { graceSeconds } = ctx.config.provisioning;
-        const model = await currentModel(await snapshotsOf(ctx.views, true), graceSeconds, ctx.config.rotation.graceSeconds);
+        const { model } = await readModel(ctx, { stale: true });
         const counted = conditionsAt(model, ctx.clock.now());
         return CONDITIONS.map((type) => ({ labels: { type }, value: counted[type] }));
       },

@@ -5,6 +5,7 @@ import { keptOf } from "./follower.ts";
 import { decodeKey } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
+import { sameJson } from "./text.ts";
 
 /** The alert name every failing triple is raised under. */
 export const ALERTNAME = "ProvisioningFailing";
@@ -170,7 +171,7 @@ export function raisedAlerts(
   const resolved: PostableAlert[] = [];
   for (const [key, alert] of raised) {
     const current = firing.get(key);
-    if (current === undefined || JSON.stringify(current.labels) !== JSON.stringify(alert.labels)) {
+    if (current === undefined || !sameJson(current.labels, alert.labels)) {
       resolved.push({ ...alert, endsAt: now.toISOString() });
     }
   }

@@ -13,6 +13,7 @@ import {
 import { decodeKey, MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
 import { compareTimes, rfc3339 } from "../../contract/times.ts";
 import { MAX_WORD, type FailingEvent, type RecoveredEvent } from "../../contract/events.ts";
+import { compareText, cutText } from "./text.ts";
 
 /** The config's stream the providers' events are kept in, followed by durable consumers (docs/failing.md §5.4). */
 export const EVENTS_STREAM = "events";
@@ -34,12 +35,6 @@ export function providerOf(trigger: TriggerInfo): string {
 
 /** A word as kept: at most {@link MAX_WORD} characters, a longer one cut and marked with `…`. */
 export const keptWord = (word: string): string => cutText(word, MAX_WORD);
-
-/** `text` of at most `max` characters (code points): a longer one cut and marked with `…`. */
-export function cutText(text: string, max: number): string {
-  const chars = [...text];
-  return chars.length <= max ? text : `${chars.slice(0, max - 1).join("")}…`;
-}
 
 /**
  * The value of a failing triple's key in the failing bucket (docs/buckets.md §2): its newest word, its
@@ -231,8 +226,8 @@ export interface Failing {
   readonly at: string;
 }
 
-const order = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
-const byTriple = (a: Failing, b: Failing) => order(a.provider, b.provider) || order(a.machine, b.machine) || order(a.consumer, b.consumer);
+const byTriple = (a: Failing, b: Failing) =>
+  compareText(a.provider, b.provider) || compareText(a.machine, b.machine) || compareText(a.consumer, b.consumer);
 
 /** The failing triples and out-of-shape keys among the live keys of the failing bucket. */
 export function failingOf(entries: readonly { key: string; value: Uint8Array }[]): {

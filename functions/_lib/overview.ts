@@ -4,13 +4,13 @@
  * the stream still holds (docs/failing.md §5.8), narrowed by the page's filters.
  */
 import { z } from "zod";
-import type { ReadStream, RuntimeRecords, StoreUse, ViewBucket } from "../../runtime/index.ts";
+import type { ReadStream } from "../../runtime/index.ts";
 import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
 import { token } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
-import { modulesOf, provisioningOf, staleHoldersOf, stateAt, type Model, type ModuleState, type StateInputs } from "./state.ts";
-import { readStatus, statusReads, type Status } from "./status.ts";
+import { modulesOf, moduleStateAt, provisioningOf, staleHoldersOf, stateAt, type ModuleState, type StateInputs } from "./state.ts";
+import { readStatus, statusReads, type Status, type StatusContext } from "./status.ts";
 
 /** A pair or triple of tokens joined by `.`: `<node>.<module>`, `<provider>.<machine>.<consumer>`. */
 const joined = (count: number, names: string) =>
@@ -82,16 +82,11 @@ export interface Overview {
   readonly timeline: readonly HistoryItem[] | null;
 }
 
-type Views = Readonly<Record<"failing" | "registry" | "assignments" | "needs" | "applied" | "rotations", ViewBucket>>;
-
-/** What the page reads from: its function's `ctx`. */
-export interface OverviewContext {
-  readonly views: Views;
+/** What the page reads from: its function's `ctx`, what status reads and the events stream, the clock and the limits. */
+export interface OverviewContext extends StatusContext {
   readonly streams: Readonly<Record<string, ReadStream>>;
-  readonly runtime: RuntimeRecords & { store(): StoreUse };
   readonly clock: { now(): Date };
   readonly limits: { readonly maxPayload: number };
-  readonly config: { readonly provisioning: { readonly graceSeconds: number }; readonly rotation: { readonly graceSeconds: number } };
 }
 
 const decoder = new TextDecoder();
@@ -117,8 +112,8 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
   const cells = new Map<string, ModuleState>();
   const gridNodes = new Set<string>();
   let gridHidden = 0;
-  for (const kept of modulesOf(model.modules)) {
-    const { node: n, module: m } = kept.base;
+  for (const tracked of modulesOf(model.modules)) {
+    const { node: n, module: m } = tracked.base;
     nodes.add(n);
     modules.add(m);
     if ((node !== undefined && n !== node) || (module !== undefined && m !== module)) continue;
@@ -127,7 +122,7 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
       continue;
     }
     gridNodes.add(n);
-    cells.set(kept.base.key, stateAt(kept, now, graceSeconds));
+    cells.set(tracked.base.key, stateAt(tracked, now, graceSeconds));
   }
   const reaches = (f: { provider?: string; node?: string; machine?: string; module?: string; consumer?: string }) =>
     (provider === undefined || f.provider === undefined || f.provider === provider) &&
@@ -142,7 +137,9 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
   const [registry, recent, opened, timeline] = await Promise.all([
     inputs.registry.reads.list(">"),
     historyOf(events, { provider, machine: node, consumer: module }, { count: RECENT }),
-    query.open === undefined ? null : openedOf(inputs, query.open, cells.get(query.open) ?? stateOf(model, query.open, now, graceSeconds)),
+    query.open === undefined
+      ? null
+      : openedOf(inputs, query.open, cells.get(query.open) ?? moduleStateAt(model, query.open, now, graceSeconds)),
     query.triple === undefined
       ? null
       : (() => {
@@ -174,11 +171,6 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     opened,
     timeline,
   };
-}
-
-function stateOf(model: Model, key: string, now: Date, graceSeconds: number): ModuleState | undefined {
-  const kept = model.modules.get(key);
-  return kept === undefined ? undefined : stateAt(kept, now, graceSeconds);
 }
 
 /** A module's details: its state, its needs (`<node>.<module>.>`) and its applied record (`<node>.<module>`), values as the node wrote them. */

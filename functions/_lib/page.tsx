@@ -12,6 +12,7 @@ import type { HistoryItem } from "./history.ts";
 import { GRID_NODES, LISTED, type Overview, type PageQuery } from "./overview.ts";
 import type { StaleHolder } from "./rotation.ts";
 import { STATES, type ModuleState, type State } from "./state.ts";
+import { plural } from "./text.ts";
 
 /** The route of the page's parts, as JSON `{ parts: { <id>: <html> } }` (docs/page.md §10.3). */
 export const PARTS_PATH = "/page.json";
@@ -50,8 +51,6 @@ export function linkTo(query: PageQuery, change: Partial<Record<keyof PageQuery,
   const fields = Object.entries(merged).filter((e): e is [string, string] => e[1] !== undefined);
   return fields.length === 0 ? "/" : `/?${new URLSearchParams(fields).toString()}`;
 }
-
-const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
 /** A list as a table: its column heads, then `children` (its rows), scrolling sideways when wider than the page. */
 const ListTable = ({ columns, children }: { columns: readonly string[]; children?: unknown }) => (

@@ -117,11 +117,11 @@ export const provisioningRequest = z
     const applies = narrowingsOf(request.what);
     for (const field of NARROWINGS) {
       if (request[field] !== undefined && !applies.includes(field)) {
-        const takers = ASKED.filter((what) => narrowingsOf(what).includes(field));
+        const narrowableWhats = ASKED.filter((what) => narrowingsOf(what).includes(field));
         ctx.addIssue({
           code: "custom",
           path: [field],
-          message: `does not apply to what=${request.what} (it narrows ${takers.join(", ")})`,
+          message: `does not apply to what=${request.what} (it narrows ${narrowableWhats.join(", ")})`,
         });
       }
     }
@@ -398,9 +398,9 @@ export function answerStatePage(
 ): JsonText {
   const { node, module, state } = request;
   function* items(): Generator<{ key: string; text: string }> {
-    for (const kept of modulesOf(model.modules, { node, module, after: cursors.after })) {
-      const at = stateAt(kept, now, graceSeconds);
-      if (state === undefined || at.state === state) yield { key: kept.base.key, text: entryText(kept, at) };
+    for (const tracked of modulesOf(model.modules, { node, module, after: cursors.after })) {
+      const at = stateAt(tracked, now, graceSeconds);
+      if (state === undefined || at.state === state) yield { key: tracked.base.key, text: entryText(tracked, at) };
     }
   }
   const misshapen = node === undefined && module === undefined ? model.outOfShape : [];
@@ -438,10 +438,10 @@ export function answerHistoryPage(
 
 // A module's entry text while it is unchanged and not Late: the model keeps the same object.
 const entryTexts = new WeakMap<object, string>();
-function entryText(kept: { base: object }, at: object): string {
-  if (at !== kept.base) return JSON.stringify(at);
-  let text = entryTexts.get(kept.base);
-  if (text === undefined) entryTexts.set(kept.base, (text = JSON.stringify(kept.base)));
+function entryText(tracked: { base: object }, at: object): string {
+  if (at !== tracked.base) return JSON.stringify(at);
+  let text = entryTexts.get(tracked.base);
+  if (text === undefined) entryTexts.set(tracked.base, (text = JSON.stringify(tracked.base)));
   return text;
 }
 

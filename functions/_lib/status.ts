@@ -1,10 +1,10 @@
 import { z } from "zod";
-import type { ReadBucket, RuntimeRecords, StoreUse, ViewBucket } from "../../runtime/index.ts";
+import type { ReadBucket, RuntimeRecords, StoreUse } from "../../runtime/index.ts";
 import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
 import { filtersFor, token } from "../../contract/keys.ts";
 import { HEADROOM } from "./provisioning.ts";
 import type { StaleHolder } from "./rotation.ts";
-import { currentModel, provisioningSchema, snapshotsOf, type Model, type Provisioning, type StateInputs } from "./state.ts";
+import { provisioningSchema, readModel, type Model, type Provisioning, type StateContext, type StateInputs } from "./state.ts";
 
 /** The status verb's subject (docs/failing.md §5). */
 export const STATUS = "mesh-provisioner.status";
@@ -186,26 +186,23 @@ function fitted(status: Status, budget: number): Status {
   return { ...status, failing, outOfShape, omitted: omitted + status.stale.length - stale.length, provisioning, stale };
 }
 
-/** What a reader of the whole status needs of its `ctx` (docs/failing.md §5.6). */
-export interface StatusContext {
-  readonly views: Readonly<Record<"failing" | "registry" | "assignments" | "needs" | "applied" | "rotations", ViewBucket>>;
+/** What a reader of the whole status needs of its `ctx` (docs/failing.md §5.6): the state's views, its graces, the runtime's records. */
+export interface StatusContext extends StateContext {
   readonly runtime: RuntimeRecords & { store(): StoreUse };
-  readonly config: { readonly provisioning: { readonly graceSeconds: number }; readonly rotation: { readonly graceSeconds: number } };
 }
 
 /**
- * Every read status makes, at once: the six views checked current once each, the compile's last
- * run and the refused events (the runtime's records); then the model of the views' module
- * states (docs/state.md §7.5). `runtime` answers from what was read.
+ * Every read status makes, at once: the model of the state's views now, each view checked
+ * current once (docs/state.md §7.5), the compile's last run and the refused events (the
+ * runtime's records). `runtime` answers from what was read.
  */
 export async function statusReads(
   ctx: StatusContext,
 ): Promise<{ inputs: StateInputs; model: Model; runtime: RuntimeRecords & { store(): StoreUse } }> {
-  const [inputs, compiled, refused] = await Promise.all([
-    snapshotsOf(ctx.views),
+  const [{ inputs, model }, compiled, refused] = await Promise.all([
+    readModel(ctx),
     ctx.runtime.lastRun(COMPILE_FUNCTION),
     ctx.runtime.refusedEvents(),
   ]);
-  const model = await currentModel(inputs, ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds);
   return { inputs, model, runtime: { lastRun: async () => compiled, refusedEvents: async () => refused, store: ctx.runtime.store } };
 }

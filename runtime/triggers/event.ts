@@ -4,25 +4,21 @@
  * is down is lost; without, a plain subscription in the seat's queue group (docs/runtime.md §6.3.2).
  */
 import {
-  AckPolicy,
   ConsumerEvents,
-  DeliverPolicy,
-  nanos,
   type ConsumerInfo,
   type ConsumerMessages,
   type JetStreamManager,
   type JsMsg,
-  type NatsConnection,
   type StreamInfo,
   type Subscription,
 } from "nats";
-import type { Logger } from "pino";
 import { z } from "zod";
 import type { Config } from "../config.ts";
-import { ASSERT_RETRY_MS, assertStreams, CONSUMER_NOT_FOUND, errCode, reasonOf, retryElecting, STREAM_NOT_FOUND } from "../assert.ts";
+import { assertStreams } from "../assert.ts";
+import { CONSUMER_NOT_FOUND, errCode, reasonOf, retryElecting, STREAM_NOT_FOUND } from "../jetstream.ts";
+import { bindDurable, durableName, streamChanged, watchStreams, type Durable } from "../durables.ts";
 import { RESERVED, reserved, SUBJECT_PATTERN, subjectMatches } from "../subjects.ts";
-import type { StreamUse } from "../types.ts";
-import { bindingName, type Target, type TriggerKind } from "./kind.ts";
+import { bindingName, type BindEnv, type FunctionRef, type Target, type TriggerKind } from "./kind.ts";
 
 /** `{ event, stream? }`: a subject or pattern, and the name of a stream in the config's `streams`. */
 export type EventTrigger = { readonly event: string; readonly stream?: string };
@@ -88,7 +84,7 @@ export const UNMATCHED_DELAY_MS = 1000;
  * protocol lines it sends (acknowledgements, the handlers' requests) leave in one socket write
  * rather than one each: nats.js writes its outbound buffer at the end of the round that filled it.
  */
-function turns(): () => Promise<void> {
+function loopTurns(): () => Promise<void> {
   let next: Promise<void> | undefined;
   return () =>
     (next ??= new Promise<void>((resolve) =>
@@ -117,22 +113,12 @@ function streamSubjects(targets: readonly Target<EventTrigger>[]): Map<string, s
 }
 
 /**
- * The durable consumer of one stream of the config for the whole set: `<seat>-<name>`, `name`
- * the stream's name in the config's `streams` (`mesh-provisioner-events`). Every `{ event, stream }`
- * trigger naming that stream reads it, and every replica shares it (docs/runtime.md §6.3.2).
- */
-export const durableName = (seat: string, stream: string): string => `${seat}-${stream}`;
-
-/**
  * The durable consumers of `{ event, stream }` triggers, one per stream they name: the stream's
  * name on the server, the durable's ({@link durableName}), and the durables an earlier version
  * made per trigger ({@link bindingName}: the function's name, `-<n>` from its second one), which
  * binding replaces.
  */
-export function durables(
-  targets: readonly Target<EventTrigger>[],
-  config: Config,
-): { name: string; stream: string; durable: string; earlier: string[] }[] {
+export function durables(targets: readonly Target<EventTrigger>[], config: Config): Durable[] {
   const names = [...new Set(targets.flatMap((t) => (t.trigger.stream === undefined ? [] : [t.trigger.stream])))];
   return names.map((name) => {
     const durable = durableName(config.seat, name);
@@ -144,167 +130,216 @@ export function durables(
   });
 }
 
-/** Whether the server said a stream is not there. */
-const streamNotFound = (err: unknown): boolean => errCode(err) === STREAM_NOT_FOUND;
-
-/**
- * Binds `durable` on `stream` and returns its info as it then stands: every message, explicit
- * acknowledgement. Made when missing: from the stream's first message when `from` is `"first"`
- * (made again on a stream made anew), from stream sequence `from` when a number (made again
- * after being deleted), else from the first message after the lowest acknowledgement floor of
- * the `earlier` durables that exist (an earlier version's, one per trigger), else from the oldest
- * message. The `earlier` ones are then deleted, only once `durable` exists: they are what it
- * replaces, and it holds everything above their floors. It takes every message of the stream,
- * unfiltered: nats-server 2.9 counts a filtered consumer's pending messages by scanning the
- * stream at each delivery, which slows it as the stream grows. A durable of that name made
- * filtered is made again unfiltered, from the first message after its acknowledgement floor:
- * nothing is lost, and what it had acknowledged above the floor comes again (handlers bear
- * running twice). Safe while other replicas bind it too: each request is asked again while the
- * cluster elects a leader ({@link retryElecting}, {@link ASSERT_RETRY_MS} in all), and a durable
- * another replica made meanwhile stands as that one made it. Throws the server's last reason.
- */
-async function bindDurable(
-  jsm: JetStreamManager,
-  { stream, durable, earlier }: { stream: string; durable: string; earlier: readonly string[] },
-  ackWaitSeconds: number,
-  log: Logger,
-  from?: number | "first",
-): Promise<ConsumerInfo> {
-  // The stream was just asserted or read: one said not found has a group without a leader yet.
-  const retry = { log, about: { stream, durable }, deadline: Date.now() + ASSERT_RETRY_MS, alsoWhile: streamNotFound };
-  const ask = <T>(request: () => Promise<T>) => retryElecting(request, retry);
-  /** A consumer's info, or `undefined` only when the server says it is not there. */
-  const info = (name: string) =>
-    ask(() => jsm.consumers.info(stream, name)).catch((err: unknown) => {
-      if (errCode(err) === CONSUMER_NOT_FOUND) return undefined;
-      throw err;
-    });
-  const ackWait = nanos(ackWaitSeconds * 1000);
-  const config = { durable_name: durable, ack_policy: AckPolicy.Explicit, ack_wait: ackWait, max_deliver: -1, max_ack_pending: 1000 };
-  // Another replica may make it meanwhile (the server says `consumer name already in use` when its
-  // start differs): then it stands as that one made it.
-  const add = (start: number | undefined) =>
-    ask(() =>
-      jsm.consumers.add(
-        stream,
-        start === undefined
-          ? { ...config, deliver_policy: DeliverPolicy.All }
-          : { ...config, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: start },
-      ),
-    ).catch(async (err: unknown) => (await info(durable)) ?? Promise.reject(err));
-  // Only a durable the server says is not there is made: any other failure is thrown, so an
-  // existing durable is never made again from elsewhere.
-  const existing = await info(durable);
-  const old = from === undefined ? (await Promise.all(earlier.map(info))).filter((c) => c !== undefined) : [];
-  let bound: ConsumerInfo;
-  if (existing === undefined) {
-    const floor = old.length > 0 ? Math.min(...old.map((c) => c.ack_floor.stream_seq)) + 1 : undefined;
-    const start = from === "first" ? undefined : (from ?? floor);
-    if (old.length > 0) log.info({ stream, durable, from: start, earlier: old.map((c) => c.name) }, "one durable consumer for the stream");
-    bound = await add(start);
-  } else if (existing.config.filter_subject) {
-    const after = existing.ack_floor.stream_seq + 1;
-    log.info({ stream, durable, from: after }, "making the durable consumer unfiltered");
-    await ask(() => jsm.consumers.delete(stream, durable)).catch((err: unknown) => {
-      if (errCode(err) !== CONSUMER_NOT_FOUND) throw err;
-    });
-    bound = await add(after);
-  } else {
-    bound = existing;
-    if (existing.config.ack_wait !== ackWait) {
-      // Replicas with other configs would change it back and forth: said, never applied.
-      log.warn(
-        { stream, durable, ackWaitSeconds: (existing.config.ack_wait ?? 0) / 1e9, config: ackWaitSeconds },
-        `the durable consumer keeps its ack wait; to change it: nats consumer edit ${stream} ${durable} --wait ${ackWaitSeconds}s`,
-      );
-    }
-  }
-  for (const c of old) {
-    // nats-server 2.9 may answer "directory not empty" while the consumer writes its state: asked
-    // again; one left is deleted at the next start, and takes nothing from `durable` meanwhile.
-    for (let attempt = 1; ; attempt++) {
-      const failure = await jsm.consumers.delete(stream, c.name).then(
-        () => undefined,
-        (err: unknown) => (errCode(err) === CONSUMER_NOT_FOUND ? undefined : (err as Error)),
-      );
-      if (failure === undefined) {
-        log.info({ stream, durable: c.name, ackFloor: c.ack_floor.stream_seq }, "earlier durable consumer deleted");
-        break;
-      }
-      if (attempt === 3) {
-        log.warn({ stream, durable: c.name, err: failure.message }, "earlier durable consumer not deleted; deleted at the next start");
-        break;
-      }
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
-  return bound;
+/** What the consumption of each durable shares with its binding. */
+interface Shared {
+  readonly jsm: JetStreamManager;
+  /** Whether the binding is stopping. */
+  stopping(): boolean;
+  /** The consumptions in hand, which a stop ends. */
+  readonly live: Set<ConsumerMessages>;
+  /** Durables found gone, not made again yet, by name: why the binding cannot serve. */
+  readonly gone: Map<string, string>;
 }
 
-/**
- * Why the durable's stream sequences, up to `from - 1`, do not belong to the stream `info` says:
- * it was made anew since `created` (a server back with an empty store, the stream deleted and
- * made again), or its sequences went back; `undefined` when they do.
- */
-function streamChanged(info: StreamInfo, created: string, from: number): string | undefined {
-  if (info.created !== created) return `the stream was made anew at ${info.created} (the durable followed the one made at ${created})`;
-  if (info.state.last_seq < from - 1)
-    return `the stream's last sequence is ${info.state.last_seq}, below ${from - 1} the durable had reached`;
-  return undefined;
-}
-
-/** How often the streams' use and the durables' progress are read, in milliseconds. */
-export const STREAMS_MS = 5000;
+/** A trigger of a durable's stream, with its binding's name (what `succeeded` remembers). */
+type StreamTrigger<F extends FunctionRef> = Target<EventTrigger, F> & { readonly key: string };
 
 /**
- * The use of each stream `targets` name and the progress of their durables, read every
- * {@link STREAMS_MS} (stream info, consumer info, each within 2 s); what a read that fails
- * would have said is left as it last was (docs/runtime.md §6.11). Each durable's
- * acknowledgement floor read goes to `floors`, with the creation time of the stream read.
+ * Follows `held`'s durable, `bound` on the stream made at `streamCreated`, until the binding
+ * stops: each message to every taker whose `event` matches its subject (see {@link event}'s
+ * `bind`), the durable made again when found gone. Returns the consumption's loop, what takes
+ * the durable's floor as the streams' watch reads it, and the check of the stream as asserted
+ * again after a reconnect.
  */
-function watchStreams(
-  nc: NatsConnection,
-  config: Config,
-  targets: readonly Target<EventTrigger>[],
-  floors: (durable: string, created: string, floor: number) => void,
-): { streams(): Record<string, StreamUse>; stop(): void } {
-  const held = durables(targets, config);
-  const use: Record<string, StreamUse> = {};
-  let reading: Promise<void> | undefined;
-  const read = () =>
-    (reading ??= (async () => {
-      const jsm = await nc.jetstreamManager({ timeout: 2000, checkAPI: false });
-      await Promise.all(
-        held.map(async ({ name, stream, durable }) => {
-          const { ackWaitSeconds } = config.streams[name]!;
-          const info = await jsm.streams.info(stream).catch(() => undefined);
-          if (info === undefined) return;
-          const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
-          // Read after the stream's info: a stream made anew between the two gives a floor lower than its own.
-          if (c !== undefined) floors(durable, info.created, c.ack_floor.stream_seq);
-          const was = use[name]?.consumers.find((k) => k.durable === durable);
-          const consumers = [
-            c === undefined
-              ? (was ?? { durable, pending: 0, unacknowledged: 0 })
-              : { durable, pending: c.num_pending, unacknowledged: c.num_ack_pending },
-          ];
-          use[name] = {
-            stream,
-            bytes: info.state.bytes,
-            maxBytes: info.config.max_bytes > 0 ? info.config.max_bytes : null,
-            messages: info.state.messages,
-            ackWaitSeconds,
-            consumers,
-          };
-        }),
-      );
-    })()
-      .catch(() => {})
-      .finally(() => (reading = undefined)));
-  void read();
-  const timer = setInterval(read, STREAMS_MS);
-  timer.unref();
-  return { streams: () => ({ ...use }), stop: () => clearInterval(timer) };
+function followDurable<F extends FunctionRef>(
+  held: Durable,
+  bound: ConsumerInfo,
+  streamCreated: string,
+  streamTriggers: readonly StreamTrigger<F>[],
+  env: BindEnv<F, EventInfo>,
+  shared: Shared,
+): { loop: Promise<void>; floors(created: string, floor: number): void; reasserted(streams: ReadonlyMap<string, StreamInfo>): void } {
+  const { nc, config, log } = env;
+  const { jsm } = shared;
+  const { stream, durable } = held;
+  const { ackWaitSeconds } = config.streams[held.name]!;
+  // What this replica knows of the durable's progress, to make it again from there: the stream
+  // sequences handed to it and not acknowledged yet (in hand, or failed and waiting), the
+  // highest it saw acknowledged (the durable's floor as bound), and when the stream those are
+  // sequences of was made.
+  const pending = new Set<number>();
+  let acked = bound.ack_floor.stream_seq;
+  let created = streamCreated;
+  // The durable's floor as the server said it (not `acked`: other replicas acknowledge too),
+  // for the records to forget refusals counted at or below it; it only rises on one stream.
+  let floor = bound.ack_floor.stream_seq;
+  const floors = (of: string, read: number) => {
+    if (of === created) floor = Math.max(floor, read);
+  };
+  /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
+  const succeeded = new Map<number, Set<string>>();
+  // The messages of one pull start together and are acknowledged together (see loopTurns).
+  const started = loopTurns();
+  const decided = loopTurns();
+  const ack = (m: JsMsg) =>
+    void decided()
+      .then(() => {
+        m.ack();
+        pending.delete(m.seq);
+        acked = Math.max(acked, m.seq);
+      })
+      // A connection closed meanwhile: the message comes again after the ack wait.
+      .catch((err: unknown) => log.warn({ stream, durable, sequence: m.seq, err }, "message not acknowledged"));
+  /** The triggers matching each subject seen lately (a provider's few subjects come again and again). */
+  const matches = new Map<string, typeof streamTriggers>();
+  const triggersOf = (subject: string) => {
+    let matched = matches.get(subject);
+    if (matched === undefined) {
+      if (matches.size >= 1024) matches.clear();
+      matches.set(subject, (matched = streamTriggers.filter((t) => subjectMatches(t.trigger.event, subject))));
+    }
+    return matched;
+  };
+  const handle = async (m: JsMsg) => {
+    const matched = triggersOf(m.subject);
+    if (matched.length === 0) {
+      if (m.info.redeliveryCount < UNMATCHED_DELIVERIES) return m.nak(UNMATCHED_DELAY_MS);
+      log.warn({ stream, durable, subject: m.subject, sequence: m.seq }, "message matched by no trigger; acknowledged");
+      return ack(m);
+    }
+    const info = {
+      kind: "event",
+      subject: m.subject,
+      stream,
+      sequence: m.seq,
+      deliveries: m.info.redeliveryCount,
+      storedAt: new Date(m.info.timestampNanos / 1e6),
+      storedNanos: m.info.timestampNanos,
+      ackFloor: floor,
+      streamCreated: created,
+    } as const;
+    const done = succeeded.get(m.seq) ?? new Set<string>();
+    const outcomes = await Promise.all(
+      matched.filter((t) => !done.has(t.key)).map(async (t) => ({ t, outcome: await env.run(t.fn, { data: m.data }, info) })),
+    );
+    // A refusal is acknowledged (the runner counted it); a fault comes again.
+    for (const { t, outcome } of outcomes) if (outcome.ok || outcome.error.code < 500) done.add(t.key);
+    if (done.size < matched.length) {
+      succeeded.delete(m.seq);
+      succeeded.set(m.seq, done);
+      // Kept for as many messages as the durable hands out unacknowledged.
+      if (succeeded.size > 1000) succeeded.delete(succeeded.keys().next().value!);
+      return m.nak(backoff(m.info.redeliveryCount));
+    }
+    succeeded.delete(m.seq);
+    ack(m);
+  };
+  /** The consumption in hand; why it must be bound again, when the stream was found made anew behind it. */
+  let current: ConsumerMessages | undefined;
+  let streamLost: string | undefined;
+  /** Consumes until stopped (`undefined`) or until the durable must be bound again: says why. */
+  const consumeOnce = async (): Promise<string | undefined> => {
+    let messages: ConsumerMessages;
+    try {
+      const consumer = await retryElecting(() => nc.jetstream().consumers.get(stream, durable), { log, about: { stream, durable } });
+      messages = await consumer.consume({ max_messages: BATCH, threshold_messages: REFILL });
+    } catch (err) {
+      if (shared.stopping()) return undefined;
+      const code = errCode(err);
+      return code === CONSUMER_NOT_FOUND ? "not found" : code === STREAM_NOT_FOUND ? "its stream not found" : reasonOf(err);
+    }
+    current = messages;
+    shared.live.add(messages);
+    // A stop while the consumer was being opened did not see it.
+    if (shared.stopping() || streamLost !== undefined) messages.stop();
+    let said: string | undefined;
+    void (async () => {
+      for await (const s of await messages.status()) {
+        if (
+          s.type === ConsumerEvents.ConsumerDeleted ||
+          s.type === ConsumerEvents.ConsumerNotFound ||
+          s.type === ConsumerEvents.StreamNotFound
+        ) {
+          said =
+            s.type === ConsumerEvents.ConsumerDeleted
+              ? "deleted"
+              : s.type === ConsumerEvents.ConsumerNotFound
+                ? "not found"
+                : "its stream not found";
+          messages.stop();
+          return;
+        }
+      }
+    })().catch(() => {});
+    const running = new Set<Promise<void>>();
+    for await (const m of messages) {
+      if (shared.stopping()) {
+        m.nak();
+        continue;
+      }
+      pending.add(m.seq);
+      const handled: Promise<void> = started()
+        .then(() => handle(m))
+        .catch((err: unknown) => log.error({ stream, durable, err }, "event not handled"))
+        .finally(() => running.delete(handled));
+      running.add(handled);
+      if (running.size >= BATCH) await Promise.race(running);
+    }
+    await Promise.all(running);
+    // The acknowledgements of the last messages leave before the binding says it stopped.
+    await decided();
+    shared.live.delete(messages);
+    current = undefined;
+    return shared.stopping() ? undefined : (streamLost ?? said);
+  };
+  // After a reconnect: a stream made anew while the durable was still found (another replica
+  // made it again first) is one whose sequences this replica's progress does not belong to.
+  const reasserted = (streams: ReadonlyMap<string, StreamInfo>) => {
+    const info = streams.get(held.name);
+    if (info === undefined || info.created === created || shared.gone.has(durable)) return;
+    streamLost = "its stream made anew";
+    current?.stop();
+  };
+  // A durable deleted behind the set (`nats consumer rm`) is made again from where this
+  // replica was, and not ready meanwhile; on a stream made anew (a server back with an empty
+  // store, the stream deleted and made again), or whose sequences went back, from its first
+  // message: the sequences this replica had reached are another stream's.
+  const loop = (async () => {
+    for (let why = await consumeOnce(); why !== undefined; why = await consumeOnce()) {
+      const from = pending.size > 0 ? Math.min(...pending) : acked + 1;
+      shared.gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone (${why}): making it again`);
+      log.warn({ stream, durable, from, why }, "durable consumer gone; making it again");
+      let start: number | "first" = from;
+      for (;;) {
+        if (shared.stopping()) return;
+        try {
+          const info = await retryElecting(() => jsm.streams.info(stream), { log, about: { stream, durable } });
+          const changed = streamChanged(info, created, from);
+          if (changed !== undefined) {
+            log.warn(
+              { stream, durable, from, reason: changed },
+              "the durable's sequences are another stream's; making it from the stream's first message",
+            );
+          }
+          start = changed === undefined ? from : "first";
+          acked = (await bindDurable(jsm, held, ackWaitSeconds, log, start)).ack_floor.stream_seq;
+          // Made again from below its floor, what it delivers again up to there was handled already.
+          floor = info.created === created ? Math.max(floor, acked) : acked;
+          created = info.created;
+          break;
+        } catch (err) {
+          log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
+          await new Promise((r) => setTimeout(r, 1000));
+        }
+      }
+      streamLost = undefined;
+      pending.clear();
+      succeeded.clear();
+      shared.gone.delete(durable);
+      log.info({ stream, durable, from: start }, "durable consumer made again");
+    }
+  })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
+  return { loop, floors, reasserted };
 }
 
 export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
@@ -381,6 +416,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     /** Durables found gone, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
+    const shared: Shared = { jsm, stopping: () => stopping, live, gone };
     for (const { fn, trigger } of targets) {
       if (trigger.stream !== undefined) continue;
       subscriptions.push(
@@ -396,189 +432,16 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     for (const held of durables(targets, config)) {
       const { stream, durable } = held;
       const { ackWaitSeconds } = config.streams[held.name]!;
-      const takers = targets.filter((t) => t.trigger.stream === held.name).map((t) => ({ ...t, key: bindingName(t.fn, t.index) }));
+      const streamTriggers = targets.filter((t) => t.trigger.stream === held.name).map((t) => ({ ...t, key: bindingName(t.fn, t.index) }));
       const bound = await bindDurable(jsm, held, ackWaitSeconds, log).catch((err: Error) => {
         throw new Error(`cannot bind durable consumer ${durable} on stream ${stream}: ${reasonOf(err)}`, { cause: err });
       });
-      // What this replica knows of the durable's progress, to make it again from there: the stream
-      // sequences handed to it and not acknowledged yet (in hand, or failed and waiting), the
-      // highest it saw acknowledged (the durable's floor as bound), and when the stream those are
-      // sequences of was made.
-      const pending = new Set<number>();
-      let acked = bound.ack_floor.stream_seq;
-      let created = asserted.get(held.name)!.created;
-      // The durable's floor as the server said it (not `acked`: other replicas acknowledge too),
-      // for the records to forget refusals counted at or below it; it only rises on one stream.
-      let floor = bound.ack_floor.stream_seq;
-      floorsOf.set(durable, (of, read) => {
-        if (of === created) floor = Math.max(floor, read);
-      });
-      /** By stream sequence, the triggers that succeeded on a message that comes again for another's fault. */
-      const succeeded = new Map<number, Set<string>>();
-      // The messages of one pull start together and are acknowledged together (see turns).
-      const started = turns();
-      const decided = turns();
-      const ack = (m: JsMsg) =>
-        void decided()
-          .then(() => {
-            m.ack();
-            pending.delete(m.seq);
-            acked = Math.max(acked, m.seq);
-          })
-          // A connection closed meanwhile: the message comes again after the ack wait.
-          .catch((err: unknown) => log.warn({ stream, durable, sequence: m.seq, err }, "message not acknowledged"));
-      /** The takers of each subject seen lately (a provider's few subjects come again and again). */
-      const matches = new Map<string, typeof takers>();
-      const takersOf = (subject: string) => {
-        let matched = matches.get(subject);
-        if (matched === undefined) {
-          if (matches.size >= 1024) matches.clear();
-          matches.set(subject, (matched = takers.filter((t) => subjectMatches(t.trigger.event, subject))));
-        }
-        return matched;
-      };
-      const one = async (m: JsMsg) => {
-        const matched = takersOf(m.subject);
-        if (matched.length === 0) {
-          if (m.info.redeliveryCount < UNMATCHED_DELIVERIES) return m.nak(UNMATCHED_DELAY_MS);
-          log.warn({ stream, durable, subject: m.subject, sequence: m.seq }, "message matched by no trigger; acknowledged");
-          return ack(m);
-        }
-        const info = {
-          kind: "event",
-          subject: m.subject,
-          stream,
-          sequence: m.seq,
-          deliveries: m.info.redeliveryCount,
-          storedAt: new Date(m.info.timestampNanos / 1e6),
-          storedNanos: m.info.timestampNanos,
-          ackFloor: floor,
-          streamCreated: created,
-        } as const;
-        const done = succeeded.get(m.seq) ?? new Set<string>();
-        const outcomes = await Promise.all(
-          matched.filter((t) => !done.has(t.key)).map(async (t) => ({ t, outcome: await env.run(t.fn, { data: m.data }, info) })),
-        );
-        // A refusal is acknowledged (the runner counted it); a fault comes again.
-        for (const { t, outcome } of outcomes) if (outcome.ok || outcome.error.code < 500) done.add(t.key);
-        if (done.size < matched.length) {
-          succeeded.delete(m.seq);
-          succeeded.set(m.seq, done);
-          // Kept for as many messages as the durable hands out unacknowledged.
-          if (succeeded.size > 1000) succeeded.delete(succeeded.keys().next().value!);
-          return m.nak(backoff(m.info.redeliveryCount));
-        }
-        succeeded.delete(m.seq);
-        ack(m);
-      };
-      /** The consumption in hand; why it must be bound again, when the stream was found made anew behind it. */
-      let current: ConsumerMessages | undefined;
-      let streamLost: string | undefined;
-      /** Consumes until stopped (`undefined`) or until the durable must be bound again: says why. */
-      const consumeOnce = async (): Promise<string | undefined> => {
-        let messages: ConsumerMessages;
-        try {
-          const consumer = await retryElecting(() => nc.jetstream().consumers.get(stream, durable), { log, about: { stream, durable } });
-          messages = await consumer.consume({ max_messages: BATCH, threshold_messages: REFILL });
-        } catch (err) {
-          if (stopping) return undefined;
-          const code = errCode(err);
-          return code === CONSUMER_NOT_FOUND ? "not found" : code === STREAM_NOT_FOUND ? "its stream not found" : reasonOf(err);
-        }
-        current = messages;
-        live.add(messages);
-        // A stop while the consumer was being opened did not see it.
-        if (stopping || streamLost !== undefined) messages.stop();
-        let said: string | undefined;
-        void (async () => {
-          for await (const s of await messages.status()) {
-            if (
-              s.type === ConsumerEvents.ConsumerDeleted ||
-              s.type === ConsumerEvents.ConsumerNotFound ||
-              s.type === ConsumerEvents.StreamNotFound
-            ) {
-              said =
-                s.type === ConsumerEvents.ConsumerDeleted
-                  ? "deleted"
-                  : s.type === ConsumerEvents.ConsumerNotFound
-                    ? "not found"
-                    : "its stream not found";
-              messages.stop();
-              return;
-            }
-          }
-        })().catch(() => {});
-        const running = new Set<Promise<void>>();
-        for await (const m of messages) {
-          if (stopping) {
-            m.nak();
-            continue;
-          }
-          pending.add(m.seq);
-          const handled: Promise<void> = started()
-            .then(() => one(m))
-            .catch((err: unknown) => log.error({ stream, durable, err }, "event not handled"))
-            .finally(() => running.delete(handled));
-          running.add(handled);
-          if (running.size >= BATCH) await Promise.race(running);
-        }
-        await Promise.all(running);
-        // The acknowledgements of the last messages leave before the binding says it stopped.
-        await decided();
-        live.delete(messages);
-        current = undefined;
-        return stopping ? undefined : (streamLost ?? said);
-      };
-      // After a reconnect: a stream made anew while the durable was still found (another replica
-      // made it again first) is one whose sequences this replica's progress does not belong to.
-      reasserted.push((streams) => {
-        const info = streams.get(held.name);
-        if (info === undefined || info.created === created || gone.has(durable)) return;
-        streamLost = "its stream made anew";
-        current?.stop();
-      });
-      // A durable deleted behind the set (`nats consumer rm`) is made again from where this
-      // replica was, and not ready meanwhile; on a stream made anew (a server back with an empty
-      // store, the stream deleted and made again), or whose sequences went back, from its first
-      // message: the sequences this replica had reached are another stream's.
-      const loop = (async () => {
-        for (let why = await consumeOnce(); why !== undefined; why = await consumeOnce()) {
-          const from = pending.size > 0 ? Math.min(...pending) : acked + 1;
-          gone.set(durable, `durable consumer ${durable} of stream ${stream} is gone (${why}): making it again`);
-          log.warn({ stream, durable, from, why }, "durable consumer gone; making it again");
-          let start: number | "first" = from;
-          for (;;) {
-            if (stopping) return;
-            try {
-              const info = await retryElecting(() => jsm.streams.info(stream), { log, about: { stream, durable } });
-              const changed = streamChanged(info, created, from);
-              if (changed !== undefined) {
-                log.warn(
-                  { stream, durable, from, reason: changed },
-                  "the durable's sequences are another stream's; making it from the stream's first message",
-                );
-              }
-              start = changed === undefined ? from : "first";
-              acked = (await bindDurable(jsm, held, ackWaitSeconds, log, start)).ack_floor.stream_seq;
-              // Made again from below its floor, what it delivers again up to there was handled already.
-              floor = info.created === created ? Math.max(floor, acked) : acked;
-              created = info.created;
-              break;
-            } catch (err) {
-              log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
-              await new Promise((r) => setTimeout(r, 1000));
-            }
-          }
-          streamLost = undefined;
-          pending.clear();
-          succeeded.clear();
-          gone.delete(durable);
-          log.info({ stream, durable, from: start }, "durable consumer made again");
-        }
-      })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
-      loops.push(loop);
+      const followed = followDurable(held, bound, asserted.get(held.name)!.created, streamTriggers, env, shared);
+      floorsOf.set(durable, followed.floors);
+      reasserted.push(followed.reasserted);
+      loops.push(followed.loop);
     }
-    const use = watchStreams(nc, config, targets, (durable, of, read) => floorsOf.get(durable)?.(of, read));
+    const use = watchStreams(nc, config, durables(targets, config), (durable, of, read) => floorsOf.get(durable)?.(of, read));
     return {
       notReady: () => [...gone.values()],
       reconnected: async () => {

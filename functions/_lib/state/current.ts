@@ -1,0 +1,47 @@
+/**
+ * The model of a function's views now (docs/state.md §7.5): the one way status, its metrics,
+ * alerts, the page and the verb read the module states from their `ctx`.
+ */
+import type { ViewBucket } from "../../../runtime/index.ts";
+import { currentModel } from "./keeper.ts";
+import { STATE_VIEWS, type Model, type StateInputs, type StateView } from "./vocabulary.ts";
+
+/** What reading the state needs of a view. */
+type StateViewBucket = Pick<ViewBucket, "snapshot" | "localSnapshot" | "confirmedAt">;
+
+/** What reading the state needs of a function's `ctx`: the views of {@link STATE_VIEWS}, and the graces in seconds. */
+export interface StateContext {
+  readonly views: Readonly<Record<StateView, StateViewBucket>>;
+  readonly config: { readonly provisioning: { readonly graceSeconds: number }; readonly rotation: { readonly graceSeconds: number } };
+}
+
+/** The snapshots of the views state reads ({@link STATE_VIEWS}), fresh (one check each) or, with `stale`, as held. */
+export async function snapshotsOf(
+  views: Readonly<Record<StateView, Pick<StateViewBucket, "snapshot" | "localSnapshot">>>,
+  stale = false,
+): Promise<StateInputs> {
+  const taken = await Promise.all(STATE_VIEWS.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
+  return Object.fromEntries(STATE_VIEWS.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
+}
+
+/**
+ * The model of `ctx`'s views now ({@link currentModel}), and the snapshots it was made of: each
+ * view checked current once, or with `stale` as held (docs/verb.md §4.6.1). With `stale`,
+ * `confirmedAt` is the oldest of the views' last confirmations, read before what they hold
+ * (`null` when one was never confirmed); without, `undefined`.
+ */
+export async function readModel(
+  ctx: StateContext,
+  { stale = false }: { stale?: boolean } = {},
+): Promise<{ inputs: StateInputs; model: Model; confirmedAt: Date | null | undefined }> {
+  const confirmations = stale ? STATE_VIEWS.map((v) => ctx.views[v].confirmedAt()) : undefined;
+  const inputs = await snapshotsOf(ctx.views, stale);
+  const model = await currentModel(inputs, ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds);
+  const confirmedAt =
+    confirmations === undefined
+      ? undefined
+      : confirmations.includes(null)
+        ? null
+        : new Date(Math.min(...confirmations.map((d) => d!.getTime())));
+  return { inputs, model, confirmedAt };
+}

@@ -1,0 +1,22 @@
+/**
+ * Text and ordering the domain's files share: cutting a text to a length, counting in words,
+ * comparing keys. Imported, never copied.
+ */
+
+/** `text` of at most `max` characters (code points): a longer one cut and marked with `…`. */
+export function cutText(text: string, max: number): string {
+  const chars = [...text];
+  return chars.length <= max ? text : `${chars.slice(0, max - 1).join("")}…`;
+}
+
+/** `n` and its noun: `1 need`, `3 needs`; `pluralForm` when adding `s` is not the plural. */
+export const plural = (n: number, singular: string, pluralForm = `${singular}s`): string => `${n} ${n === 1 ? singular : pluralForm}`;
+
+/** Strings in the order of their UTF-16 code units, as `Array.prototype.sort` orders them (and the views order keys). */
+export const compareText = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0);
+
+/** Items with a `key` in the order of their keys ({@link compareText}). */
+export const byKey = (a: { readonly key: string }, b: { readonly key: string }): number => compareText(a.key, b.key);
+
+/** Whether `a` and `b` are the same as JSON text (the order of their fields included). */
+export const sameJson = (a: unknown, b: unknown): boolean => JSON.stringify(a) === JSON.stringify(b);
