@@ -18,7 +18,8 @@ import {
   type BucketRequest,
 } from "./_lib/provisioning.ts";
 import { appliedIndex } from "./_lib/applied.ts";
-import { heldIn, holdersIndex, isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
+import { heldIn, holdersIndex } from "./_lib/holders.ts";
+import { isStale, newestFor, rotationsIn, rotationStates } from "./_lib/rotation.ts";
 import { provisioningConfig, readModel, STATE_VIEWS } from "./_lib/state.ts";
 import { historyOf } from "./_lib/history.ts";
 import { EVENTS_STREAM } from "./_lib/follower.ts";

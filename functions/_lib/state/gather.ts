@@ -7,7 +7,8 @@ import type { Entry, KeyRecord, Snapshot } from "../../../runtime/index.ts";
 import { decodeKey, TOKEN } from "../../../contract/keys.ts";
 import { appliedIndex, appliedOf } from "../applied.ts";
 import { failingOf } from "../follower.ts";
-import { heldIn, holdersIndex, rotationsIn, rotationStates } from "../rotation.ts";
+import { heldIn, holdersIndex } from "../holders.ts";
+import { rotationsIn, rotationStates } from "../rotation.ts";
 import type { FailingProvider } from "./conditions.ts";
 import type { OutOfShapeKey, StateInputs, TimedStaleHolder } from "./vocabulary.ts";
 
