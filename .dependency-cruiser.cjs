@@ -38,7 +38,7 @@ module.exports = {
     {
       name: "contract-a-leaf",
       comment:
-        "contract/ (subjects, event schemas, key codecs, times) imports nothing else of the project (and only zod: test/architecture.test.ts)",
+        "contract/ (subjects, event schemas, key codecs, times) imports nothing else of the project (and only zod: test/architecture.unit.test.ts)",
       severity: "error",
       from: { path: "^contract/" },
       to: { path: "^(runtime|functions|client|cli|demo|test|bin)/" },

@@ -1,22 +1,7 @@
 import { Option } from "commander";
 import prettyMilliseconds from "pretty-ms";
 import { ServiceError, type NatsConnection } from "nats";
-import {
-  ASKED,
-  NARROWINGS,
-  VERB,
-  VERB_SHAPE,
-  type Answer,
-  type Asked,
-  type HISTORY,
-  type HOLDERS,
-  type ROTATIONS,
-  type STATE,
-  type What,
-} from "../functions/_lib/provisioning.ts";
-import type { HistoryEntry } from "../functions/_lib/history.ts";
-import type { RotationState } from "../functions/_lib/rotation.ts";
-import type { ModuleState } from "../functions/_lib/state.ts";
+import { ASKED, NARROWINGS, VERB, VERB_SHAPE, type Answer, type Asked, type Entries, type What } from "../functions/_lib/provisioning.ts";
 
 const decoder = new TextDecoder();
 
@@ -42,28 +27,7 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
   return JSON.parse(decoder.decode(reply.data)) as T;
 }
 
-/** An entry of a bucket's view (docs/verb.md §4): the key, its fields by name, the value as the node wrote it. */
-export type BucketEntry = Extract<Answer["entries"][number], { revision: number }>;
-
-/** A holder as `what=holders` answers it (docs/rotation.md §8.1). */
-export interface HolderEntry {
-  readonly key: string;
-  readonly node: string;
-  readonly module: string;
-  readonly kind: string;
-  readonly name: string;
-  readonly revision: string | null;
-  readonly appliedAt: string | null;
-  readonly stale: boolean;
-}
-
-/** The entry of each `what` the verb answers (docs/verb.md §4). */
-export type Entries = Record<What, BucketEntry> & {
-  readonly [STATE]: ModuleState;
-  readonly [HOLDERS]: HolderEntry;
-  readonly [ROTATIONS]: RotationState;
-  readonly [HISTORY]: HistoryEntry;
-};
+export type { BucketEntry, Entries } from "../functions/_lib/provisioning.ts";
 
 /** The answer to a request for `what` W: its entries are W's. */
 export type AnswerOf<W extends Asked> = Omit<Answer, "what" | "entries"> & { readonly what: W; readonly entries: Entries[W][] };

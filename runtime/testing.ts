@@ -1,7 +1,8 @@
 /**
  * Helpers for tests of functions and of the runtime: a real nats-server per test file,
  * configured as the embedded default is (the seat's user, node and provider users), in a
- * temporary folder that is removed at the end.
+ * temporary folder that is removed at the end; and buckets in memory for the tests that need no
+ * server.
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -14,6 +15,8 @@ import { startEmbedded, type EmbeddedServer } from "./embedded.ts";
 import { loadFunctions } from "./loader.ts";
 import { authorization } from "./permissions.ts";
 import type { AuthorizedUser, Credentials, Permissions } from "./users.ts";
+import { subjectMatches } from "./subjects.ts";
+import type { Entry, KeyRecord, ListOptions, ReadBucket, Snapshot } from "./types.ts";
 import { connectTo } from "./session.ts";
 
 /** A nats-server of a test, and ways to reach it as its users. */
@@ -191,6 +194,78 @@ export async function startTestCluster(config: Config, options: Omit<TestBusOpti
       await Promise.all(opened.map((nc) => nc.close().catch(() => {})));
       await cluster.stop();
       rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A bucket held in memory (see {@link memoryBucket}): the reads of a bucket, its writes, and its snapshots. */
+export interface MemoryBucket extends ReadBucket {
+  /** Writes `key`; returns its revision. */
+  put(key: string, value: Uint8Array | string): number;
+  /** Deletes `key` (a delete marker); returns its revision. */
+  delete(key: string): number;
+  /** The bucket as it is now, held still: later writes change neither its reads nor its stamp. */
+  snapshot(): Snapshot;
+}
+
+const encoder = new TextEncoder();
+let memoryBuckets = 0;
+
+/**
+ * A bucket in memory for tests that need no nats-server (the unit lane): the runtime's own
+ * `ReadBucket` and `Snapshot` over a map, each write given the next revision and a time from
+ * `nanos` (the server's, in nanoseconds since the epoch; 1 ms apart from `start` by default), and
+ * each snapshot's `changedSince` naming the keys written since an earlier snapshot of it, as a
+ * live view's does (docs/runtime.md §6.12).
+ */
+export function memoryBucket(bucket: string, nanos?: () => number): MemoryBucket {
+  const id = `memory-${++memoryBuckets}`;
+  let revision = 0;
+  const now = nanos ?? (() => Date.UTC(2026, 0, 1) * 1e6 + revision * 1e6);
+  const records = new Map<string, KeyRecord>();
+  /** Each write's key, by revision (index `revision - 1`). */
+  const written: string[] = [];
+  const write = (key: string, value: Uint8Array, deleted: boolean): number => {
+    revision++;
+    const createdNanos = now();
+    records.set(key, { key, value, revision, created: new Date(Math.floor(createdNanos / 1e6)), createdNanos, deleted });
+    written.push(key);
+    return revision;
+  };
+  const readsOf = (held: ReadonlyMap<string, KeyRecord>): ReadBucket => {
+    const matching = (filters: string | readonly string[], { after, limit }: ListOptions = {}, deleted: boolean) => {
+      const patterns = typeof filters === "string" ? [filters] : filters;
+      const found = [...held.values()]
+        .filter((r) => (deleted || !r.deleted) && patterns.some((p) => subjectMatches(p, r.key)) && (after === undefined || r.key > after))
+        .sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+      return limit === undefined ? found : found.slice(0, limit);
+    };
+    const live = ({ deleted: _, ...entry }: KeyRecord): Entry => entry;
+    return {
+      bucket,
+      get: async (key) => {
+        const r = held.get(key);
+        return r === undefined || r.deleted ? null : live(r);
+      },
+      last: async (key) => held.get(key) ?? null,
+      list: async (filters, options) => matching(filters, options, false).map(live),
+      records: async (filters, options) => matching(filters, options, true),
+    };
+  };
+  return {
+    ...readsOf(records),
+    put: (key, value) => write(key, typeof value === "string" ? encoder.encode(value) : value, false),
+    delete: (key) => write(key, new Uint8Array(), true),
+    snapshot() {
+      const at = revision;
+      return {
+        stamp: `${id}.${at}`,
+        reads: readsOf(new Map(records)),
+        changedSince: (stamp) => {
+          const [of, since] = [stamp.slice(0, stamp.lastIndexOf(".")), Number(stamp.slice(stamp.lastIndexOf(".") + 1))];
+          return of === id && since <= at ? [...new Set(written.slice(since, at))] : undefined;
+        },
+      };
     },
   };
 }
