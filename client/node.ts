@@ -5,7 +5,7 @@
 import type { KV, NatsConnection } from "nats";
 import { z } from "zod";
 import { token } from "../contract/keys.ts";
-import { refreshSubject } from "../contract/events.ts";
+import { refreshNotice, refreshSubject, type RefreshNotice } from "../contract/events.ts";
 import {
   allPages,
   checked,
@@ -32,14 +32,7 @@ export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
  */
 export type Placeholders = readonly string[] | Readonly<Record<string, Readonly<Record<string, unknown>>>>;
 
-/** A rotation notice (docs/rotation.md §8.5): these modules of this node hold a provision rotated to `revision`. */
-export interface RefreshNotice {
-  readonly provider: string;
-  readonly provision: string;
-  readonly revision: string;
-  readonly at: string;
-  readonly modules: readonly string[];
-}
+export type { RefreshNotice } from "../contract/events.ts";
 
 /** What a node client does. Every method checks its arguments before anything is sent and throws a `ClientArgumentError` naming the first bad one. */
 export interface NodeClient {
@@ -81,13 +74,6 @@ const record = z.object({
 });
 const needValue = z.record(z.string(), z.unknown()).refine((v) => v.provider === undefined || token.safeParse(v.provider).success, {
   message: "provider must be one token (a module's name)",
-});
-const notice = z.object({
-  provider: z.string(),
-  provision: z.string(),
-  revision: z.string(),
-  at: z.string(),
-  modules: z.array(z.string()),
 });
 
 /**
@@ -164,7 +150,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     async withdraw(collection, contributor) {
       await (await kv("collect")).delete(collectKey(node, collection, contributor));
     },
-    onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), notice, handler),
+    onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), refreshNotice, handler),
     ask: (request) => mesh.request("provisioning", request),
     status: (narrowing = {}) => mesh.request("status", narrowing),
     close: () => mesh.nc.drain(),

@@ -5,7 +5,7 @@
 import type { NatsConnection } from "nats";
 import pRetry, { AbortError } from "p-retry";
 import { z } from "zod";
-import { failingEvent, recoveredEvent, releasedSubject, rotatedEvent } from "../contract/events.ts";
+import { failingEvent, recoveredEvent, releasedNotice, releasedSubject, rotatedEvent, type ReleasedNotice } from "../contract/events.ts";
 import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
@@ -16,16 +16,7 @@ export interface ProviderOptions extends Omit<MeshOptions, "credentials"> {
   readonly attempts?: number;
 }
 
-/** A release (docs/rotation.md §8.6): no holder uses what came before `revision` any more. */
-export interface ReleasedNotice {
-  readonly provision: string;
-  readonly revision: string;
-  readonly at: string;
-  readonly holders: number;
-  /** Both, when the rotation released was of that one holder's credential. */
-  readonly machine?: string;
-  readonly consumer?: string;
-}
+export type { ReleasedNotice } from "../contract/events.ts";
 
 /** What a provider client does. Every method checks its arguments before anything is sent and throws a `ClientArgumentError` naming the first bad one. */
 export interface ProviderClient {
@@ -56,16 +47,8 @@ export interface ProviderClient {
   close(): Promise<void>;
 }
 
-const released = z.object({
-  provision: z.string(),
-  revision: z.string(),
-  at: z.string(),
-  holders: z.number(),
-  machine: z.string().optional(),
-  consumer: z.string().optional(),
-});
 /** A kept rotation as `what=rotations` answers it: the fields a release is made of, and whether it was released and acknowledged. */
-const releasedRotation = released.extend({
+const releasedRotation = releasedNotice.extend({
   releasedAt: z.string().nullable(),
   releases: z.number().optional(),
   acknowledgedAt: z.string().nullable().optional(),
@@ -148,7 +131,7 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
           await deliver(notice);
         }
       };
-      const listening = listen(mesh.nc, releasedSubject(provider), released, deliver);
+      const listening = listen(mesh.nc, releasedSubject(provider), releasedNotice, deliver);
       void missed().catch(() => {});
       void (async () => {
         for await (const s of mesh.nc.status()) {

@@ -26,6 +26,30 @@ export const refreshSubject = (node: string) => `mesh-provisioner.refresh.${node
 /** The subject a provider's releases go to (docs/rotation.md §8.6). */
 export const releasedSubject = (provider: string) => `mesh-provisioner.released.${provider}`;
 
+/** A rotation notice (docs/rotation.md §8.5): these modules of this node hold a provision rotated to `revision`. */
+export const refreshNotice = z.object({
+  provider: z.string(),
+  provision: z.string(),
+  revision: z.string(),
+  at: z.string(),
+  modules: z.array(z.string()),
+});
+export type RefreshNotice = z.output<typeof refreshNotice>;
+
+/**
+ * A release (docs/rotation.md §8.6): no holder uses what came before `revision` any more; with
+ * `machine` and `consumer` both when the rotation released was of that one holder's credential.
+ */
+export const releasedNotice = z.object({
+  provision: z.string(),
+  revision: z.string(),
+  at: z.string(),
+  holders: z.number(),
+  machine: z.string().optional(),
+  consumer: z.string().optional(),
+});
+export type ReleasedNotice = z.output<typeof releasedNotice>;
+
 /** The longest revision kept, in characters. */
 export const MAX_REVISION = 256;
 

@@ -1,6 +1,6 @@
 import { defineFunction, RevisionConflict, type Snapshot } from "../runtime/index.ts";
 import { HEADROOM } from "./_lib/provisioning.ts";
-import { refreshSubject, releasedSubject } from "../contract/events.ts";
+import { refreshSubject, releasedSubject, type RefreshNotice, type ReleasedNotice } from "../contract/events.ts";
 import {
   rotationConfig,
   rotationsNow,
@@ -9,6 +9,7 @@ import {
   type RotationState,
   type RotationValue,
   type StaleHolder,
+  valueOf,
 } from "./_lib/rotation.ts";
 
 /**
@@ -44,7 +45,8 @@ export default defineFunction({
         // Published, then written: a replica stopped in between leaves it to the next run, so the
         // provider hears it at least once; the claim of each second keeps it to one replica.
         const holder = r.machine === undefined ? {} : { machine: r.machine, consumer: r.consumer };
-        if (!send(releasedSubject(provider), { provision, revision, at, holders: state.holders, ...holder })) continue;
+        const notice = { provision, revision, at, holders: state.holders, ...holder } satisfies ReleasedNotice;
+        if (!send(releasedSubject(provider), notice)) continue;
         const sentAt = now.toISOString();
         change =
           release === "first"
@@ -57,7 +59,9 @@ export default defineFunction({
       let sent = 0;
       for (const node of nodes) {
         // A node holding more modules than one message carries gets several.
-        for (const part of chunks([...byNode.get(node)!], (m) => JSON.stringify({ provider, provision, revision, at, modules: m }))) {
+        for (const part of chunks([...byNode.get(node)!], (modules) =>
+          JSON.stringify({ provider, provision, revision, at, modules } satisfies RefreshNotice),
+        )) {
           if (send(refreshSubject(node), part)) sent++;
         }
       }
@@ -114,9 +118,8 @@ export default defineFunction({
 
     /** Writes what was done in the rotation's record, unless it changed since it was read (then it is decided again next time). */
     async function record(r: Rotation, change: Partial<RotationValue>): Promise<boolean> {
-      const { key: _key, provider: _p, provision: _v, machine: _m, consumer: _c, record: revision, ...value } = r;
       try {
-        await ctx.buckets.rotations.update(r.key, JSON.stringify({ ...value, ...change }), revision);
+        await ctx.buckets.rotations.update(r.key, JSON.stringify({ ...valueOf(r), ...change }), r.record);
         return true;
       } catch (err) {
         if (err instanceof RevisionConflict) return false;

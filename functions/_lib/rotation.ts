@@ -110,6 +110,40 @@ export function rotationOf(entry: Entry): Rotation | { key: string; reason: stri
 
 const oneAtATime = keyedSerial();
 
+/** What the bucket keeps of a rotation: its value without its key's fields and record revision. */
+export function valueOf(r: Rotation): RotationValue {
+  const { key: _k, provider: _p, provision: _v, machine: _m, consumer: _c, record: _r, ...value } = r;
+  return value;
+}
+
+/**
+ * Changes the rotation record `key` by compare-and-set, one change at a time per key in this
+ * process: `decide` is given the kept rotation (`undefined` when there is none, or it is out of
+ * shape) and says the outcome alone (nothing written) or with the value to write; it is asked
+ * again on a conflict. Resolves with the outcome; throws what the bucket throws otherwise.
+ */
+async function changeRotation<O extends string>(
+  bucket: WriteBucket,
+  key: string,
+  decide: (was: Rotation | undefined) => O | { outcome: O; value: RotationValue },
+): Promise<O> {
+  return oneAtATime(`${bucket.bucket}/${key}`, async () => {
+    for (let attempt = 0; ; attempt++) {
+      const kept = await bucket.get(key);
+      const was = kept === null ? undefined : rotationOf(kept);
+      const decided = decide(was !== undefined && "record" in was ? was : undefined);
+      if (typeof decided === "string") return decided;
+      try {
+        if (kept === null) await bucket.create(key, JSON.stringify(decided.value));
+        else await bucket.update(key, JSON.stringify(decided.value), kept.revision);
+        return decided.outcome;
+      } catch (err) {
+        if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
+      }
+    }
+  });
+}
+
 /** A time in nanoseconds since the epoch as RFC 3339 in UTC with nine digits of fraction. */
 export function timeOfNanos(nanos: number): string {
   const ms = Math.floor(nanos / 1e6);
@@ -125,22 +159,20 @@ export function timeOfNanos(nanos: number): string {
  * provision and revision. Compare-and-set, decided again on a conflict. Says whether it was kept,
  * older, or the revision kept already.
  */
-export async function keepRotation(
+export function keepRotation(
   bucket: WriteBucket,
   provider: string,
   event: RotatedEvent,
   arrivedNanos: number,
 ): Promise<"kept" | "older" | "same"> {
-  const key = rotationKey(provider, event);
-  return oneAtATime(`${bucket.bucket}/${key}`, async () => {
-    for (let attempt = 0; ; attempt++) {
-      const kept = await bucket.get(key);
-      const was = kept === null ? undefined : rotationOf(kept);
-      if (was !== undefined && "revision" in was) {
-        if (was.revision === event.revision) return "same";
-        if (compareTimes(event.at, was.at) <= 0) return "older";
-      }
-      const value: RotationValue = {
+  return changeRotation(bucket, rotationKey(provider, event), (was) => {
+    if (was !== undefined) {
+      if (was.revision === event.revision) return "same";
+      if (compareTimes(event.at, was.at) <= 0) return "older";
+    }
+    return {
+      outcome: "kept",
+      value: {
         revision: event.revision,
         at: event.at,
         arrivedAt: timeOfNanos(arrivedNanos),
@@ -152,15 +184,8 @@ export async function keepRotation(
         releaseSentAt: null,
         releases: 0,
         acknowledgedAt: null,
-      };
-      try {
-        if (kept === null) await bucket.create(key, JSON.stringify(value));
-        else await bucket.update(key, JSON.stringify(value), kept.revision);
-        return "kept";
-      } catch (err) {
-        if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
-      }
-    }
+      },
+    };
   });
 }
 
@@ -171,28 +196,17 @@ export async function keepRotation(
  * conflict. Says what it did: `acknowledged`; `again` when it was already; `unknown` when the
  * kept rotation of that key holds another revision, or there is none (nothing changes).
  */
-export async function acknowledgeRelease(
+export function acknowledgeRelease(
   bucket: WriteBucket,
   provider: string,
   event: RotatedEvent,
   storedAt: Date,
 ): Promise<"acknowledged" | "again" | "unknown"> {
-  const key = rotationKey(provider, event);
-  return oneAtATime(`${bucket.bucket}/${key}`, async () => {
-    for (let attempt = 0; ; attempt++) {
-      const kept = await bucket.get(key);
-      const was = kept === null ? undefined : rotationOf(kept);
-      // Before `releasedAt` is written too: the release is published first, then recorded.
-      if (kept === null || was === undefined || !("record" in was) || was.revision !== event.revision) return "unknown";
-      if (was.acknowledgedAt !== null) return "again";
-      const { key: _k, provider: _p, provision: _v, machine: _m, consumer: _c, record: _r, ...value } = was;
-      try {
-        await bucket.update(key, JSON.stringify({ ...value, acknowledgedAt: storedAt.toISOString() }), kept.revision);
-        return "acknowledged";
-      } catch (err) {
-        if (!(err instanceof RevisionConflict) || attempt === 100) throw err;
-      }
-    }
+  return changeRotation(bucket, rotationKey(provider, event), (was) => {
+    // Before `releasedAt` is written too: the release is published first, then recorded.
+    if (was === undefined || was.revision !== event.revision) return "unknown";
+    if (was.acknowledgedAt !== null) return "again";
+    return { outcome: "acknowledged", value: { ...valueOf(was), acknowledgedAt: storedAt.toISOString() } };
   });
 }
 
