@@ -8,11 +8,13 @@ export default defineConfig({
     projects: [
       // The fast lane: what needs no nats-server (test/*.unit.test.ts), run first.
       { extends: true, test: { name: "unit", include: ["test/**/*.unit.test.ts"], sequence: { groupOrder: 0 } } },
-      // Against real nats-servers, one per file.
+      // Against real nats-servers, one per file: three files at once, whatever the cores (vitest's default is one less
+      // than the cores, a single file on two): these tests mostly wait on servers and timers, not on the CPU.
       {
         extends: true,
         test: {
           name: "set",
+          maxWorkers: 3,
           include: ["test/**/*.test.ts"],
           exclude: ["test/**/*.unit.test.ts", "test/cluster*.test.ts"],
           sequence: { groupOrder: 1 },

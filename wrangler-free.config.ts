@@ -25,6 +25,8 @@ export default defineConfig({
     assignments: { bucket: "mesh-controller_assignments", writtenBy: "controller" },
     // docs/rotation.md §8.2: the newest rotation per provider, provision and (when named) holder.
     rotations: { bucket: "mesh-provisioner_rotations", writtenBy: "seat" },
+    // docs/presence.md §16.1: each node's own key `<node>`, written by its client every few seconds.
+    presence: { bucket: "mesh-provisioner_presence", writtenBy: "nodes" },
   },
 
   // docs/failing.md §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
@@ -57,6 +59,9 @@ export default defineConfig({
 
   // docs/state.md §7: how long a module may be never-ran or pending before it is Late.
   provisioning: { graceSeconds: 600 },
+
+  // docs/presence.md §16.1: how long a node may write no presence before it is unreachable (at least three of its own periods).
+  presence: { ttlSeconds: 60 },
 
   // docs/rotation.md §8.4: how long a holder may stay stale, how long and how often stale nodes are noticed again,
   // and how often a release not acknowledged is published again.

@@ -22,9 +22,12 @@ export interface DemoBus {
 /** `provider`'s client on the demo's bus. */
 const providerOn = (bus: DemoBus, provider: string) =>
   connectProvider({ servers: bus.servers, provider, credentials: bus.credentials(provider), name: `${provider} provider` });
-/** `node`'s client on the demo's bus. */
+/**
+ * `node`'s client on the demo's bus. It writes once and leaves, so it writes no presence: its
+ * node is silent, and nothing is inferred from that (docs/presence.md §16.1).
+ */
 const nodeOn = (bus: DemoBus, node: string) =>
-  connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client` });
+  connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client`, presence: false });
 
 /** Asks `shown` every 100 ms until it holds, for up to {@link WAIT_MS}; then throws `what was published but …`. */
 async function untilShown(shown: () => Promise<boolean>, what: string): Promise<void> {

@@ -10,6 +10,7 @@ import { permissionsCommand } from "./commands/permissions.ts";
 import { rotationsCommand } from "./commands/rotations.ts";
 import { startCommand } from "./commands/start.ts";
 import { stateCommand } from "./commands/state.ts";
+import { nodesCommand } from "./commands/nodes.ts";
 import { statusCommand } from "./commands/status.ts";
 import { cliOf } from "./program.ts";
 
@@ -26,6 +27,7 @@ for (const add of [
   startCommand,
   askCommand,
   stateCommand,
+  nodesCommand,
   holdersCommand,
   rotationsCommand,
   statusCommand,

@@ -25,7 +25,7 @@ function stateWords(m: ModuleState, now: Date): string {
   return `${m.state} ${long}`;
 }
 
-/** Module states as a table: node, module, state and for how long, conditions in words; then the keys that name no module. */
+/** Module states as a table: node, module, state and for how long, its node's presence, conditions in words; then the keys that name no module. */
 export function formatStates(
   answer: { entries: readonly ModuleState[]; outOfShape: readonly { key: string; reason: string }[] },
   now: Date,
@@ -35,11 +35,12 @@ export function formatStates(
       ? ["no modules"]
       : [
           ...table([
-            ["NODE", "MODULE", "STATE", "CONDITIONS"],
+            ["NODE", "MODULE", "STATE", "PRESENCE", "CONDITIONS"],
             ...answer.entries.map((m) => [
               m.node,
               m.module,
               shown(stateWords(m, now), 80),
+              m.presence,
               shown(m.conditions.map(conditionWords).join("; ") || "-", WIDEST),
             ]),
           ]),

@@ -19,6 +19,9 @@ export function formatStatus(status: Status, now: Date): string {
   const notWell = [
     ...(failing > 0 ? [`${failing} failing`] : []),
     ...(modules > 0 ? [`${modules} module${modules === 1 ? "" : "s"} not well`] : []),
+    ...(status.nodes.counts.unreachable > 0
+      ? [`${status.nodes.counts.unreachable} node${status.nodes.counts.unreachable === 1 ? "" : "s"} unreachable`]
+      : []),
     ...(status.events.recording ? [] : ["events cannot be recorded"]),
   ];
   lines.push(status.well ? "WELL: nothing fails" : `NOT WELL: ${notWell.join("; ") || "see below"}`);
@@ -40,6 +43,15 @@ export function formatStatus(status: Status, now: Date): string {
       ...status.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
     );
   }
+  if (status.nodes.unreachable.length > 0) {
+    lines.push(
+      "",
+      ...table([
+        ["NODE", "UNREACHABLE FOR", "LAST SEEN"],
+        ...status.nodes.unreachable.map((n) => [n.node, failingFor(n.since, now), n.lastSeen]),
+      ]),
+    );
+  }
   if (status.provisioning.notWell.length > 0) {
     lines.push("", ...formatStates({ entries: status.provisioning.notWell, outOfShape: [] }, now).split("\n").slice(0, -1));
   }
@@ -49,9 +61,16 @@ export function formatStatus(status: Status, now: Date): string {
     "",
     `registry: ${kinds.length} kinds, ${compiledAt === null ? "never compiled" : `compiled ${failingFor(compiledAt, now)} ago (${compiledAt})`}`,
     `rejected events: ${status.rejectedEvents}`,
+    ...nodeLines(status.nodes.counts),
     ...eventLines(status.events),
   );
   return lines.join("\n");
+}
+
+/** The nodes by presence, when any node is known (docs/presence.md §16.3). */
+function nodeLines(counts: Status["nodes"]["counts"]): string[] {
+  const { reachable, unreachable, silent } = counts;
+  return reachable + unreachable + silent === 0 ? [] : [`nodes: ${reachable} reachable, ${unreachable} unreachable, ${silent} silent`];
 }
 
 /** The events stream and the account against their limits, and what the follower has not handled yet. */

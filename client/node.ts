@@ -3,9 +3,10 @@
  * records and collection items, hears its rotation notices, and asks the set's verbs.
  */
 import type { KV, NatsConnection } from "nats";
-import { z } from "zod";
+import * as z from "zod/mini";
 import { token } from "../contract/keys.ts";
 import { refreshNotice, refreshSubject, type RefreshNotice } from "../contract/events.ts";
+import { PRESENCE_EVERY_SECONDS, presenceValue } from "../contract/presence.ts";
 import {
   allPages,
   checked,
@@ -23,6 +24,11 @@ import {
 export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
   readonly node: string;
   readonly credentials: { readonly user?: string; readonly password: string };
+  /**
+   * How often the node's presence is written (docs/presence.md §16.1), in seconds: 15 unless
+   * given; `false` writes none (the node is then silent, and nothing is inferred from it).
+   */
+  readonly presence?: { readonly everySeconds?: number } | false;
 }
 
 /**
@@ -64,17 +70,22 @@ export interface NodeClient {
   ask(request: Readonly<Record<string, unknown>>): Promise<unknown>;
   /** The set's status (docs/failing.md §5.6), narrowed as given. */
   status(narrowing?: { readonly provider?: string; readonly machine?: string; readonly consumer?: string }): Promise<unknown>;
-  /** Drains the connection. */
+  /** Stops writing presence, and drains the connection. */
   close(): Promise<void>;
 }
 
+/** What the client says it is in its presence writes. */
+const CLIENT = "mesh-provisioner client";
+
 const record = z.object({
-  revisions: z.record(token, z.string().min(1, "must name a revision")).optional(),
-  error: z.string().min(1, "must say what failed").optional(),
+  revisions: z.optional(z.record(token, z.string().check(z.minLength(1, "must name a revision")))),
+  error: z.optional(z.string().check(z.minLength(1, "must say what failed"))),
 });
-const needValue = z.record(z.string(), z.unknown()).refine((v) => v.provider === undefined || token.safeParse(v.provider).success, {
-  message: "provider must be one token (a module's name)",
-});
+const needValue = z.record(z.string(), z.unknown()).check(
+  z.refine((v) => v.provider === undefined || token.safeParse(v.provider).success, {
+    message: "provider must be one token (a module's name)",
+  }),
+);
 
 /**
  * Connects as node `options.node` (docs/client.md §9.1) and opens its buckets as its
@@ -83,6 +94,11 @@ const needValue = z.record(z.string(), z.unknown()).refine((v) => v.provider ===
  */
 export async function connectNode(options: NodeOptions): Promise<NodeClient> {
   const node = tokenArg("node", options.node);
+  const everySeconds =
+    options.presence === false
+      ? null
+      : (checked("presence", z.optional(z.object({ everySeconds: z.optional(presenceValue.shape.everySeconds) })), options.presence)
+          ?.everySeconds ?? PRESENCE_EVERY_SECONDS);
   const mesh: Mesh = await openMesh({
     ...options,
     credentials: { user: options.credentials?.user ?? node, password: options.credentials?.password } as never,
@@ -91,10 +107,15 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
   const buckets = new Map<string, Promise<KV>>();
   const kv = (name: string) => {
     let opened = buckets.get(name);
-    if (opened === undefined) buckets.set(name, (opened = js.views.kv(mesh.bucket(name), { bindOnly: true, allow_direct: true })));
+    if (opened === undefined) {
+      buckets.set(name, (opened = js.views.kv(mesh.bucket(name), { bindOnly: true, allow_direct: true })));
+      // A bucket not there yet is looked for again next time.
+      opened.catch(() => buckets.delete(name));
+    }
     return opened;
   };
   const moduleArg = (module: unknown) => tokenArg("module", module);
+  const presence = writePresence(node, everySeconds, kv);
 
   return {
     node,
@@ -153,6 +174,34 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), refreshNotice, handler),
     ask: (request) => mesh.request("provisioning", request),
     status: (narrowing = {}) => mesh.request("status", narrowing),
-    close: () => mesh.nc.drain(),
+    close: async () => {
+      presence.stop();
+      await mesh.nc.drain();
+    },
   };
+}
+
+/**
+ * Writes `<node>` of the presence bucket now and every `everySeconds` (docs/presence.md §16.1)
+ * until stopped; `null` writes none. A write that fails (the connection away, a set without the
+ * bucket) is tried again at the next tick: presence is best effort, its absence is what it says.
+ */
+function writePresence(node: string, everySeconds: number | null, kv: (name: string) => Promise<KV>): { stop(): void } {
+  if (everySeconds === null) return { stop: () => {} };
+  const value = JSON.stringify({ everySeconds, client: CLIENT });
+  let writing = false;
+  const write = async () => {
+    if (writing) return;
+    writing = true;
+    try {
+      await (await kv("presence")).put(node, value);
+    } catch {
+      // Said by its absence: the node is unreachable once its limit passes.
+    } finally {
+      writing = false;
+    }
+  };
+  void write();
+  const timer = setInterval(() => void write(), everySeconds * 1000);
+  return { stop: () => clearInterval(timer) };
 }

@@ -4,7 +4,7 @@
  */
 import type { NatsConnection } from "nats";
 import pRetry, { AbortError } from "p-retry";
-import { z } from "zod";
+import * as z from "zod/mini";
 import { failingEvent, recoveredEvent, releasedNotice, releasedSubject, rotatedEvent, type ReleasedNotice } from "../contract/events.ts";
 import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
@@ -48,10 +48,10 @@ export interface ProviderClient {
 }
 
 /** A kept rotation as `what=rotations` answers it: the fields a release is made of, and whether it was released and acknowledged. */
-const releasedRotation = releasedNotice.extend({
-  releasedAt: z.string().nullable(),
-  releases: z.number().optional(),
-  acknowledgedAt: z.string().nullable().optional(),
+const releasedRotation = z.extend(releasedNotice, {
+  releasedAt: z.nullable(z.string()),
+  releases: z.optional(z.number()),
+  acknowledgedAt: z.optional(z.nullable(z.string())),
 });
 
 /**
@@ -60,7 +60,7 @@ const releasedRotation = releasedNotice.extend({
  */
 export async function connectProvider(options: ProviderOptions): Promise<ProviderClient> {
   const provider = tokenArg("provider", options.provider);
-  const attempts = checked("attempts", z.number().int().min(1).max(100), options.attempts ?? 5);
+  const attempts = checked("attempts", z.int().check(z.minimum(1), z.maximum(100)), options.attempts ?? 5);
   const mesh = await openMesh({
     ...options,
     credentials: { user: options.credentials?.user ?? provider, password: options.credentials?.password } as never,

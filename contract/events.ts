@@ -2,7 +2,7 @@
  * The events providers publish and the subjects the set answers them on (docs/failing.md §5,
  * docs/rotation.md §8): what a client and the set both stand on. Imports zod and the contract only.
  */
-import { z } from "zod";
+import * as z from "zod/mini";
 import { token } from "./keys.ts";
 import { rfc3339 } from "./times.ts";
 
@@ -15,7 +15,7 @@ const triple = { machine: token, consumer: token, at: rfc3339 };
  * `<provider>.provisioner.failing` (docs/failing.md §5): `{ machine, consumer, word, at }`. Fields beyond
  * these are ignored, so a provider that says more still raises its failing.
  */
-export const failingEvent = z.object({ ...triple, word: z.string().min(1, "must say what fails") });
+export const failingEvent = z.object({ ...triple, word: z.string().check(z.minLength(1, "must say what fails")) });
 /** `<provider>.provisioner.recovered` (docs/failing.md §5): `{ machine, consumer, at }`; a `word` is ignored. */
 export const recoveredEvent = z.object(triple);
 export type FailingEvent = z.output<typeof failingEvent>;
@@ -45,8 +45,8 @@ export const releasedNotice = z.object({
   revision: z.string(),
   at: z.string(),
   holders: z.number(),
-  machine: z.string().optional(),
-  consumer: z.string().optional(),
+  machine: z.optional(z.string()),
+  consumer: z.optional(z.string()),
 });
 export type ReleasedNotice = z.output<typeof releasedNotice>;
 
@@ -59,16 +59,18 @@ export const MAX_REVISION = 256;
  */
 export const rotatedEvent = z
   .object({
-    provision: token.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /"),
-    revision: z.string().min(1, "must name the new revision").max(MAX_REVISION),
+    provision: token.check(z.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /")),
+    revision: z.string().check(z.minLength(1, "must name the new revision"), z.maxLength(MAX_REVISION)),
     at: rfc3339,
-    machine: token.optional(),
-    consumer: token.optional(),
+    machine: z.optional(token),
+    consumer: z.optional(token),
   })
-  .refine((e) => (e.machine === undefined) === (e.consumer === undefined), {
-    message: "machine and consumer go together: both (one holder) or neither (every holder)",
-    path: ["consumer"],
-  });
+  .check(
+    z.refine((e) => (e.machine === undefined) === (e.consumer === undefined), {
+      message: "machine and consumer go together: both (one holder) or neither (every holder)",
+      path: ["consumer"],
+    }),
+  );
 export type RotatedEvent = z.output<typeof rotatedEvent>;
 
 /**

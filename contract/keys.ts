@@ -1,4 +1,4 @@
-import { z } from "zod";
+import * as z from "zod/mini";
 
 /** A key token (docs/buckets.md §2): one or more of `A-Z a-z 0-9 - _ / =`. */
 export const TOKEN = /^[A-Za-z0-9\-_/=]+$/;
@@ -14,18 +14,20 @@ export const MAX_COLLECTION_TOKEN = 1024;
 /** A narrowing value: one token, so it can never widen a key filter (docs/verb.md §4). */
 export const token = z
   .string()
-  .regex(TOKEN, "must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing")
-  .max(MAX_TOKEN, `must be at most ${MAX_TOKEN} characters`);
+  .check(
+    z.regex(TOKEN, "must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing"),
+    z.maxLength(MAX_TOKEN, `must be at most ${MAX_TOKEN} characters`),
+  );
 
 /** A collection name (docs/buckets.md §2): any non-empty, well-formed string; it is encoded into its token. */
-export const collectionName = z
-  .string()
-  .min(1, "must be a non-empty collection name")
-  .refine((s) => s.isWellFormed(), "must be well-formed Unicode (no lone surrogate)")
-  .refine(
+export const collectionName = z.string().check(
+  z.minLength(1, "must be a non-empty collection name"),
+  z.refine((s) => s.isWellFormed(), "must be well-formed Unicode (no lone surrogate)"),
+  z.refine(
     (s) => encodeCollection(s).length <= MAX_COLLECTION_TOKEN,
     `is too long: its key token may be at most ${MAX_COLLECTION_TOKEN} characters`,
-  );
+  ),
+);
 
 const PLAIN = /^[A-Za-z0-9\-_/]$/;
 const HEX = "0123456789ABCDEF";
@@ -84,6 +86,7 @@ export const SHAPES = {
   collect: ["node", "collection", "contributor"],
   failing: ["provider", "machine", "consumer"],
   assignments: ["node", "module"],
+  presence: ["node"],
 } as const;
 
 /** A bucket's key shape, by the bucket's name in {@link SHAPES}. */

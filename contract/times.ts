@@ -1,4 +1,4 @@
-import { z } from "zod";
+import * as z from "zod/mini";
 
 const PARTS = /^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$/;
 
@@ -38,10 +38,10 @@ const isoDatetime = z.iso.datetime({ offset: true });
  * An RFC 3339 time with its offset (`2026-11-29T18:00:00Z`, `…T19:00:00.5+01:00`), naming an
  * instant of the years 0000 to 9999 in UTC (so it can be written back as RFC 3339).
  */
-export const rfc3339 = z
-  .string()
-  .max(64, "must be an RFC 3339 time of at most 64 characters")
-  .refine((s) => {
+export const rfc3339 = z.string().check(
+  z.maxLength(64, "must be an RFC 3339 time of at most 64 characters"),
+  z.refine((s) => {
     const upper = s.toUpperCase();
     return PARTS.test(upper) && isoDatetime.safeParse(upper).success && inRange(s);
-  }, "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z");
+  }, "must be an RFC 3339 time with an offset, of the years 0000 to 9999 in UTC, e.g. 2026-11-29T18:00:00Z"),
+);

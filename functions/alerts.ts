@@ -1,13 +1,23 @@
 import { defineFunction } from "../runtime/index.ts";
-import { alertsConfig, alertsOf, moduleAlerts, postAlerts, raisedAlerts, staleAlerts, type PostableAlert } from "./_lib/alerts.ts";
-import { provisioningConfig, provisioningOf, readModel, staleHoldersOf, STATE_VIEWS } from "./_lib/state.ts";
+import {
+  alertsConfig,
+  alertsOf,
+  moduleAlerts,
+  nodeAlerts,
+  postAlerts,
+  raisedAlerts,
+  staleAlerts,
+  type PostableAlert,
+} from "./_lib/alerts.ts";
+import { nodesStatusOf, provisioningConfig, provisioningOf, readModel, staleHoldersOf, STATE_VIEWS } from "./_lib/state.ts";
 
-// What this replica raised for modules and stale holders at its last run, to resolve what no longer fires.
+// What this replica raised for modules, stale holders and unreachable nodes at its last run, to resolve what no longer fires.
 let raisedModules = new Map<string, PostableAlert>();
 
 /**
  * docs/failing.md §5 (optional): raises every failing triple to Prometheus Alertmanager and
- * resolves it on recovery, and every module that counts against the mesh (docs/state.md §7.6),
+ * resolves it on recovery, every module that counts against the mesh (docs/state.md §7.6) and
+ * every unreachable node (docs/presence.md §16.3),
  * sending the whole state again every 30 seconds. Off while `alerts.alertmanager` is unset. It
  * reads the follower's state, so Alertmanager being down never holds the follower.
  */
@@ -25,6 +35,7 @@ export default defineFunction({
     const firing = new Map([
       ...moduleAlerts(provisioningOf(model, now, graceSeconds).notWell, now),
       ...staleAlerts(staleHoldersOf(model, now), now),
+      ...nodeAlerts(nodesStatusOf(model, now).unreachable, now),
     ]);
     const modules = raisedAlerts(firing, raisedModules, now);
     const alerts = [...alertsOf(await ctx.views.failing.records(">"), now), ...modules.alerts];

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { defineFunction, formatIssues, HtmlText, WithStatus } from "../runtime/index.ts";
 import { EVENTS_STREAM } from "./_lib/follower.ts";
 import { overviewOf, pageQuery } from "./_lib/overview.ts";
-import { pageOf, PARTS_PATH, partsOf, refusedPage } from "./_lib/page.tsx";
+import { pageOf, PARTS_PATH, partsOf, refusedPage } from "./_lib/page/index.tsx";
 import { provisioningConfig, STATE_VIEWS } from "./_lib/state.ts";
 
 /**

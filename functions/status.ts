@@ -3,6 +3,8 @@ import {
   CONDITIONS,
   conditionsAt,
   NO_PROVISIONING,
+  nodesStatusOf,
+  PRESENCES,
   provisioningConfig,
   provisioningOf,
   readModel,
@@ -10,7 +12,7 @@ import {
   STATE_VIEWS,
   STATES,
 } from "./_lib/state.ts";
-import { countFailing, readStatus, STATUS, statusAnswer, statusReads, statusRequest } from "./_lib/status.ts";
+import { countFailing, NO_NODES, readStatus, STATUS, statusAnswer, statusReads, statusRequest } from "./_lib/status.ts";
 
 /**
  * docs/failing.md §5: whether the mesh is well, naming every failing provider until it recovers
@@ -50,6 +52,16 @@ export default defineFunction({
       help: "Holders of a rotated provision not on its new revision yet (docs/rotation.md §8.3), within their grace or past it",
       collect: async (ctx) => (await readModel(ctx, { stale: true })).model.staleHolders,
     },
+    nodes_by_presence: {
+      type: "gauge",
+      help: "Nodes by presence: reachable, unreachable, silent (docs/presence.md §16.3)",
+      labels: ["presence"],
+      collect: async (ctx) => {
+        const { model } = await readModel(ctx, { stale: true });
+        const { counts } = nodesStatusOf(model, ctx.clock.now());
+        return PRESENCES.map((presence) => ({ labels: { presence }, value: counts[presence] }));
+      },
+    },
     module_conditions: {
       type: "gauge",
       help: "Modules carrying each condition (docs/state.md §7), Late included",
@@ -70,13 +82,14 @@ export default defineFunction({
         ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
         : NO_PROVISIONING;
     const stale = staleHoldersOf(model, ctx.clock.now(), { provider: request.provider, node: request.machine, module: request.consumer });
+    // Narrowed by provider, of no node; by machine, of that node.
+    const nodes = request.provider === undefined ? nodesStatusOf(model, ctx.clock.now(), { node: request.machine }) : NO_NODES;
     const status = await readStatus(
       request,
       { failing: inputs.failing.reads, registry: inputs.registry.reads },
       runtime,
       ctx.limits.maxPayload,
-      provisioning,
-      stale,
+      { provisioning, stale, nodes },
     );
     return new WithStatus(status.well ? 200 : 503, status);
   },

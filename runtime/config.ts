@@ -21,7 +21,7 @@ const replicas = z.union([z.literal(1), z.literal(3), z.literal(5)], "must be 1,
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */
   bucket: name,
-  /** Who writes it: the seat itself, each node its own `<node>.>` keys, or the controller all of it (docs/buckets.md §2). */
+  /** Who writes it: the seat itself, each node its own `<node>` and `<node>.>` keys, or the controller all of it (docs/buckets.md §2). */
   writtenBy: z.enum(["seat", "nodes", "controller"]),
   /** Who else reads all of it: nodes (e.g. the registry), providers (e.g. the needs). */
   readBy: z.array(z.enum(["nodes", "providers"])).default([]),
@@ -134,7 +134,7 @@ export const configSchema = z.looseObject({
   /** The embedded nats-server's users besides the seat. */
   embedded: z
     .strictObject({
-      /** One user per node: writes its own `<node>.>` keys of node-written buckets. */
+      /** One user per node: writes its own `<node>` and `<node>.>` keys of node-written buckets. */
       nodes: z.array(nodeName).default([]),
       /** One user per provider. */
       providers: z.array(nodeName).default([]),

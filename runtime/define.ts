@@ -67,7 +67,7 @@ export type AnyContext = Context<string, string, unknown, string, Record<string,
 export interface FunctionDefinition<
   Reads extends string = string,
   Writes extends string = string,
-  Input extends z.ZodType = z.ZodType,
+  Input extends z.core.$ZodType = z.core.$ZodType,
   Config extends z.ZodObject = z.ZodObject,
   Output = unknown,
   Views extends string = string,
@@ -82,7 +82,7 @@ export interface FunctionDefinition<
    * Schema of the answer, for describing the function (the NATS service's endpoint metadata);
    * answers are not checked against it.
    */
-  readonly output?: z.ZodType;
+  readonly output?: z.core.$ZodType;
   /** Schema of the config fields the function reads; checked against the config at start. */
   readonly config?: Config;
   /**
@@ -115,7 +115,7 @@ export interface FunctionDefinition<
 export function defineFunction<
   const Reads extends string = never,
   const Writes extends string = never,
-  Input extends z.ZodType = z.ZodObject<{}, z.core.$strict>,
+  Input extends z.core.$ZodType = z.ZodObject<{}, z.core.$strict>,
   Config extends z.ZodObject = z.ZodObject<{}>,
   Output = unknown,
   const Views extends string = never,
@@ -133,13 +133,13 @@ export interface LoadedFunction {
   readonly definition: FunctionDefinition;
   /** The definition's description, output schema and triggers, as trigger kinds see them. */
   readonly description: string;
-  readonly output?: z.ZodType;
+  readonly output?: z.core.$ZodType;
   readonly triggers: readonly Trigger[];
   /** The input schema; a strict empty object when the definition has none. */
-  readonly input: z.ZodType;
+  readonly input: z.core.$ZodType;
 }
 
-const zodSchema = z.custom<z.ZodType>((value) => value instanceof z.ZodType, "must be a zod schema");
+const zodSchema = z.custom<z.core.$ZodType>((value) => value instanceof z.core.$ZodType, "must be a zod schema");
 const zodObject = z.custom<z.ZodObject>((value) => value instanceof z.ZodObject, "must be a zod object schema (z.object)");
 const bucketNames = z.array(z.string().min(1)).readonly();
 

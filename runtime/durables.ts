@@ -5,7 +5,7 @@
  * under one, and the streams' use and the durables' progress as the server says them
  * (docs/runtime.md §6.11).
  */
-import { AckPolicy, DeliverPolicy, nanos, type ConsumerInfo, type JetStreamManager, type NatsConnection, type StreamInfo } from "nats";
+import { AckPolicy, DeliverPolicy, nanos, type ConsumerInfo, type JetStreamManager, type NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { ASSERT_RETRY_MS, CONSUMER_NOT_FOUND, errCode, retryElecting, STREAM_NOT_FOUND } from "./jetstream.ts";
 import type { Config } from "./config.ts";
@@ -124,18 +124,6 @@ export async function bindDurable(
     }
   }
   return bound;
-}
-
-/**
- * Why the durable's stream sequences, up to `from - 1`, do not belong to the stream `info` says:
- * it was made anew since `created` (a server back with an empty store, the stream deleted and
- * made again), or its sequences went back; `undefined` when they do.
- */
-export function streamChanged(info: StreamInfo, created: string, from: number): string | undefined {
-  if (info.created !== created) return `the stream was made anew at ${info.created} (the durable followed the one made at ${created})`;
-  if (info.state.last_seq < from - 1)
-    return `the stream's last sequence is ${info.state.last_seq}, below ${from - 1} the durable had reached`;
-  return undefined;
 }
 
 /** How often the streams' use and the durables' progress are read, in milliseconds. */

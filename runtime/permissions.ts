@@ -115,7 +115,7 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
 
 /**
  * A node client's permissions, in its own account (docs/buckets.md §2, docs/runtime.md §6.7):
- * write its own `<node>.>` keys of the node-written buckets, get them back, and open those
+ * write its own keys of the node-written buckets (`<node>` and `<node>.>`), get them back, and open those
  * buckets (their stream's info); get keys of the buckets read by nodes (the registry); ask the
  * seat's verbs; receive replies on its own `_INBOX.<node>.>`. Every subject it publishes is one
  * its account imports from the seat's: it cannot touch another node's keys, write a seat bucket,
@@ -128,7 +128,9 @@ export function nodePermissions(node: string, config: Config, functions: readonl
       allow: unique([
         "$JS.API.INFO",
         ...own.flatMap(({ bucket }) => [
+          `$KV.${bucket}.${node}`,
           `$KV.${bucket}.${node}.>`,
+          `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}`,
           `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`,
           `$JS.API.STREAM.INFO.${kvStream(bucket)}`,
         ]),

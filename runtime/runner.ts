@@ -7,6 +7,7 @@
  */
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
+import { z } from "zod";
 import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
@@ -138,7 +139,7 @@ export async function openRunner({
     };
     const payload = parsePayload(input);
     if (!payload.ok) return refused(payload.error);
-    const parsed = fn.input.safeParse(payload.value);
+    const parsed = z.safeParse(fn.input, payload.value);
     if (!parsed.success) return refused({ code: 400, message: formatIssues(parsed.error.issues) });
     try {
       const handler = fn.definition.handler as (input: unknown, ctx: AnyContext) => unknown;

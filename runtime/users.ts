@@ -77,6 +77,8 @@ export function checkUserNames(names: readonly string[]): void {
   const bad = names.filter((n) => !USER_NAME.test(n));
   if (bad.length > 0)
     throw new Error(`a user's name must be one token (A-Z a-z 0-9 - _ / =): ${bad.map((n) => JSON.stringify(n)).join(", ")}`);
+  // A node writes its own key `<node>` of node-written buckets: this one is the live views' marker (docs/buckets.md §2).
+  if (names.includes("_freshness")) throw new Error(`a user may not be named _freshness: that is the live views' marker key`);
   const twice = names.filter((n, i) => names.indexOf(n) !== i);
   if (twice.length > 0)
     throw new Error(`a user is named twice (the seat, nodes and providers share one namespace): ${[...new Set(twice)].join(", ")}`);

@@ -32,7 +32,10 @@ beforeAll(async () => {
   bus = await testBus();
   seat = await bus.connect();
   keycloak = await bus.connect("keycloak");
-  set = await startSet(bus, { alerts: { alertmanager: ALERTMANAGER, retries: 2, backoffMs: 20, timeoutMs: 2000 } } as object);
+  set = await startSet(bus, {
+    alerts: { alertmanager: ALERTMANAGER, retries: 2, backoffMs: 20, timeoutMs: 2000 },
+    presence: { ttlSeconds: 1 },
+  } as object);
   alerts = set.functions.find((fn) => fn.name === "alerts")!;
 });
 afterAll(async () => {
@@ -75,6 +78,29 @@ describe("Alertmanager", () => {
     const sent = zot().length;
     await invoke(set.runner, alerts);
     expect(zot()).toHaveLength(sent);
+  });
+
+  it("raises an unreachable node as NodeUnreachable, and resolves it once the node writes presence again (docs/presence.md §16.3)", async () => {
+    const presence = await bus.kv("presence", "dogwood");
+    await presence.put("dogwood", JSON.stringify({ everySeconds: 0.1 }));
+    const lastSeen = (await presence.get("dogwood"))!.created;
+    const dogwood = () => received.flat().filter((a) => a.labels.alertname === "NodeUnreachable" && a.labels.node === "dogwood");
+    await invoke(set.runner, alerts);
+    expect(dogwood()).toEqual([]);
+    // Time alone: one second (the TTL, longer than three periods of 0.1 s) with no write.
+    await new Promise((r) => setTimeout(r, Math.max(0, lastSeen.getTime() + 1100 - Date.now())));
+    await invoke(set.runner, alerts);
+    expect(dogwood().at(-1)).toEqual({
+      labels: { alertname: "NodeUnreachable", node: "dogwood" },
+      annotations: { summary: `node dogwood is unreachable: no presence since ${lastSeen.toISOString()}` },
+      startsAt: new Date(lastSeen.getTime() + 1000).toISOString(),
+    });
+    await presence.put("dogwood", JSON.stringify({ everySeconds: 60 }));
+    await invoke(set.runner, alerts);
+    expect(dogwood().at(-1)!.endsAt).toBeDefined();
+    const sent = dogwood().length;
+    await invoke(set.runner, alerts);
+    expect(dogwood()).toHaveLength(sent);
   });
 
   it("raises a failing with its labels and startsAt, and resolves it with endsAt on recovery", async () => {

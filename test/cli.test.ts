@@ -70,7 +70,7 @@ export default defineFunction({
   writeFileSync(
     config,
     `import base from ${JSON.stringify(join(ROOT, "wrangler-free.config.ts"))};\n` +
-      `const { registry: _, alerts: __, provisioning: ___, rotation: ____, ...rest } = base as Record<string, unknown>;\n` +
+      `const { registry: _, alerts: __, provisioning: ___, rotation: ____, presence: _____, ...rest } = base as Record<string, unknown>;\n` +
       `export default { ...rest, functions: "functions", state: "state" };\n`,
   );
   return { dir, config };

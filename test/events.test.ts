@@ -5,7 +5,7 @@ import { AckPolicy, DeliverPolicy, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadFunctions, start, type Config } from "../runtime/index.ts";
 import { startTestBus } from "../runtime/testing.ts";
-import { backoff } from "../runtime/triggers/event.ts";
+import { backoff } from "../runtime/consume.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { projectConfig, ROOT, until, withoutFunctionFields } from "./helpers.ts";
 

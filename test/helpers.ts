@@ -63,7 +63,7 @@ export async function testBus(options?: TestBusOptions): Promise<TestBus> {
 }
 
 /** The fields of the project's config only its functions read: left out for a test's own function files. */
-const FUNCTION_FIELDS = ["registry", "provisioning", "rotation", "alerts"] as const;
+const FUNCTION_FIELDS = ["registry", "provisioning", "presence", "rotation", "alerts"] as const;
 
 /** `config` without the fields only the project's functions read, for a set of a test's own function files. */
 export function withoutFunctionFields(config: Config): Config {

@@ -252,7 +252,7 @@ const goThere = existsSync("/usr/bin/go") && existsSync(join(GOPATH, "src/github
 describe("a Go node client (nats.go's standard key-value API)", () => {
   // CI installs Go and nats.go (.ci/run); elsewhere the test needs `apt-get install golang-go golang-github-nats-io-go-nats-dev`.
   it.runIf(goThere || process.env.CI !== undefined)(
-    "opens the needs, writes and reads its own key, reads the registry, asks the verb; never another node's key",
+    "opens the needs, writes and reads its own key, reads the registry, writes its presence, asks the verb; never another node's key or presence",
     async () => {
       const dir = mkdtempSync(join(tmpdir(), "mesh-provisioner-go-"));
       const mesh = await onPrintedConf();
@@ -266,7 +266,7 @@ describe("a Go node client (nats.go's standard key-value API)", () => {
         await (await (await mesh.as("birch")).jetstream().views.kv(NEEDS)).put("birch.gitea.config.app_name", '"by birch"');
         const seat = await mesh.as();
         const url = seat.getServer().startsWith("nats://") ? seat.getServer() : `nats://${seat.getServer()}`;
-        const args = [url, "alder", "alder-pw", "alder.go.config.client", "birch.gitea.config.app_name"];
+        const args = [url, "alder", "alder-pw", "alder.go.config.client", "birch.gitea.config.app_name", "birch"];
         const out = JSON.parse((await run(binary, args, { encoding: "utf8", timeout: 30_000 })).stdout) as Record<
           string,
           string | undefined
@@ -275,6 +275,9 @@ describe("a Go node client (nats.go's standard key-value API)", () => {
         expect(out.put).toBe("written");
         expect(out.get).toBe('{"placeholder":"${config:go}"}');
         expect(out.putOther).toMatch(/Permissions Violation|timeout|no responders/i);
+        // Its own presence key (docs/presence.md §16.1), never another node's.
+        expect(out.presence).toBe("written");
+        expect(out.presenceOther).toMatch(/Permissions Violation|timeout|no responders/i);
         expect(JSON.parse(out.registry ?? "null")?.module).toBe("mesh-controller");
         expect(JSON.parse(out.verb ?? "null")?.entries[0].key).toBe("port");
         const kv = await seat.jetstream().views.kv(NEEDS, { bindOnly: true });

@@ -36,7 +36,8 @@ let url: string;
 
 beforeAll(async () => {
   bus = await testBus();
-  set = await startSet(bus);
+  // A node unreachable one second after its last presence write (docs/presence.md §16.1).
+  set = await startSet(bus, { presence: { ttlSeconds: 1 } } as object);
   url = set.httpUrl;
   demo = { servers: [bus.url], credentials: (user) => bus.server.users[user]! };
   await writeDemo(bus.config, demo);
@@ -84,6 +85,28 @@ describe("the page GET /", () => {
     expect(labels).toContain("cedar mesh-artifact-store: failed, not well");
     expect(await page.locator("#registry").innerText()).toMatch(/Registry \(\d+ kinds\)/);
     await page.screenshot({ path: screenshot("page-1280.png"), fullPage: true });
+    await page.close();
+  });
+
+  it("says in its grid row that a node is unreachable, with Unconfirmed in its details, without a reload; and takes it away when it writes again", async () => {
+    const page = await open();
+    await page.evaluate(() => ((window as unknown as { kept: number }).kept = 7));
+    const presence = await bus.kv("presence", "alder");
+    const row = page.locator(".grid tbody tr").filter({ has: page.locator("th", { hasText: /^alder/ }) });
+    const said = row.locator("th .off");
+    expect(await said.count()).toBe(0);
+    await presence.put("alder", JSON.stringify({ everySeconds: 0.1 }));
+    const lastSeen = (await presence.get("alder"))!.created;
+    // No write after it: time alone makes the node unreachable.
+    await said.waitFor({ timeout: 5000 });
+    expect(await said.innerText()).toMatch(
+      new RegExp(`^unreachable for \\d+ s, last seen ${lastSeen.toISOString().slice(0, 19).replace("T", " ")} UTC$`),
+    );
+    expect(await page.locator("#notwell").innerText()).toContain("Unconfirmed (NodeUnreachable): node alder is unreachable");
+    expect(await page.locator(".banner").innerText()).toMatch(/1 node unreachable/);
+    await presence.put("alder", JSON.stringify({ everySeconds: 60 }));
+    await said.waitFor({ state: "detached", timeout: 3000 });
+    expect(await page.evaluate(() => (window as unknown as { kept: number }).kept)).toBe(7);
     await page.close();
   });
 

@@ -177,6 +177,7 @@ describe("the seat's permissions, derived from the functions", () => {
       "$KV.mesh-controller_assignments._freshness",
       "$KV.mesh-provisioner_needs._freshness",
       "$KV.mesh-provisioner_applied._freshness",
+      "$KV.mesh-provisioner_presence._freshness",
       "$KV.mesh-provisioner_collect._freshness",
     ]);
     expect(subscribe.allow).toContain("mesh-provisioner.provisioning");

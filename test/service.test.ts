@@ -34,7 +34,17 @@ describe("the NATS service", () => {
     expect(Object.keys(endpoints).sort()).toEqual(["provisioning", "status"]);
     expect(endpoints.provisioning!.subject).toBe("mesh-provisioner.provisioning");
     const request = JSON.parse(endpoints.provisioning!.metadata!.request_schema!);
-    expect(request.properties.what.enum).toEqual(["registry", "needs", "applied", "collect", "state", "holders", "rotations", "history"]);
+    expect(request.properties.what.enum).toEqual([
+      "registry",
+      "needs",
+      "applied",
+      "collect",
+      "state",
+      "nodes",
+      "holders",
+      "rotations",
+      "history",
+    ]);
     expect(request.additionalProperties).toBe(false);
     const answer = JSON.parse(endpoints.provisioning!.metadata!.response_schema!);
     expect(answer.required).toEqual(["what", "entries", "outOfShape"]);
@@ -49,6 +59,7 @@ describe("the NATS service", () => {
       "events",
       "provisioning",
       "stale",
+      "nodes",
     ]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
   });

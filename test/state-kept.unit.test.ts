@@ -9,8 +9,10 @@ const GRACE_SECONDS = 600;
 const NOW = new Date(Date.UTC(2026, 0, 2));
 
 /** Each module's state, as the verb answers it, in key order. */
-const statesOf = async (model: Promise<Awaited<ReturnType<typeof modelOf>>>) =>
-  [...modulesOf((await model).modules)].map((m) => stateAt(m, NOW, GRACE_SECONDS));
+const statesOf = async (model: Promise<Awaited<ReturnType<typeof modelOf>>>) => {
+  const made = await model;
+  return [...modulesOf(made.modules)].map((m) => stateAt(made, m, NOW, GRACE_SECONDS));
+};
 
 describe("the kept model (unit)", () => {
   const ids = { node: fc.integer({ min: 0, max: 2 }), module: fc.integer({ min: 0, max: 2 }) };

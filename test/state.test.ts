@@ -333,9 +333,9 @@ describe("status and the CLI", () => {
     const bin = join(ROOT, "bin", "mesh-provisioner.mjs");
     const state = await run("node", [bin, "state", "--node", "cedar"], { env, cwd: ROOT });
     const lines = state.stdout.trimEnd().split("\n");
-    expect(lines[0]).toMatch(/^NODE\s+MODULE\s+STATE\s+CONDITIONS$/);
+    expect(lines[0]).toMatch(/^NODE\s+MODULE\s+STATE\s+PRESENCE\s+CONDITIONS$/);
     expect(lines.find((l) => l.startsWith("cedar  tunnel"))).toMatch(
-      /applied \d+s\s+Unanswerable: no domain answers kind wormhole \(need wormhole.exit\)$/,
+      /applied \d+s\s+silent\s+Unanswerable: no domain answers kind wormhole \(need wormhole.exit\)$/,
     );
     expect(lines.at(-1)).toBe("2 modules");
     const failed = await run("node", [bin, "status"], { env, cwd: ROOT }).catch((err: { code: number; stdout: string }) => err);

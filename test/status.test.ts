@@ -79,6 +79,7 @@ describe("status as the CLI prints it", () => {
       omitted: 0,
     },
     stale: [],
+    nodes: { counts: { reachable: 0, unreachable: 0, silent: 0 }, unreachable: [] },
   });
 
   it("says how long each has failed, in two units", () => {

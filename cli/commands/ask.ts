@@ -3,6 +3,7 @@ import { DEFAULT_WHAT, type Asked } from "../../functions/_lib/provisioning.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp, type AnswerOf } from "../ask.ts";
 import { asJson, positive, print, type AddCommand } from "../program.ts";
 import { formatStates } from "../state.ts";
+import { formatNodes } from "../nodes.ts";
 
 /** How `ask` shows the answer to each `what` without `--json`: a table, or JSON where it has none. */
 const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => string } = {
@@ -11,6 +12,7 @@ const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => stri
   applied: formatAnswer,
   collect: formatAnswer,
   state: formatStates,
+  nodes: formatNodes,
   holders: asJson,
   rotations: asJson,
   history: asJson,

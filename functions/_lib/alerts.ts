@@ -158,6 +158,25 @@ export function staleAlerts(stale: readonly StaleHolder[], now: Date): Map<strin
   return firing;
 }
 
+/** The alert name every unreachable node is raised under (docs/presence.md §16.3). */
+export const NODE_ALERTNAME = "NodeUnreachable";
+
+/** The firing alerts of the unreachable nodes (docs/presence.md §16.3), by node: label `node`; `startsAt` when it became unreachable. */
+export function nodeAlerts(
+  unreachable: readonly { node: string; since: string; lastSeen: string }[],
+  now: Date,
+): Map<string, PostableAlert> {
+  const firing = new Map<string, PostableAlert>();
+  for (const n of unreachable) {
+    firing.set(`node:${n.node}`, {
+      labels: { alertname: NODE_ALERTNAME, node: n.node },
+      annotations: { summary: `node ${n.node} is unreachable: no presence since ${n.lastSeen}` },
+      startsAt: notLater(n.since, now),
+    });
+  }
+  return firing;
+}
+
 /**
  * What to send of `firing` (by key) given what was `raised` before: every firing alert, and a
  * resolved one (`endsAt` now) for each raised alert that no longer fires, or fires under other

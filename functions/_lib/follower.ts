@@ -42,7 +42,7 @@ export const keptWord = (word: string): string => cutText(word, MAX_WORD);
  */
 export const failingValue = z.strictObject({ word: z.string(), since: rfc3339, at: rfc3339 });
 /** What a recovery leaves in the delete marker of the key: when, and since when it had failed. */
-const recoveredValue = z.strictObject({ recovered: rfc3339, since: rfc3339.optional() });
+const recoveredValue = z.strictObject({ recovered: rfc3339, since: z.optional(rfc3339) });
 
 /** What the bucket keeps for one triple, read from its last record. */
 export type Kept =

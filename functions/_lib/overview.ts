@@ -9,7 +9,16 @@ import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
 import { token } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
-import { modulesOf, moduleStateAt, provisioningOf, staleHoldersOf, stateAt, type ModuleState, type StateInputs } from "./state.ts";
+import {
+  modulesOf,
+  moduleStateAt,
+  nodesStatusOf,
+  provisioningOf,
+  staleHoldersOf,
+  stateAt,
+  type ModuleState,
+  type StateInputs,
+} from "./state.ts";
 import { readStatus, statusReads, type Status, type StatusContext } from "./status.ts";
 
 /** A pair or triple of tokens joined by `.`: `<node>.<module>`, `<provider>.<machine>.<consumer>`. */
@@ -30,9 +39,9 @@ export const pageQuery = z.preprocess(
   // A filter the form sends empty (its "all") is no filter.
   (query) => (typeof query === "object" && query !== null ? Object.fromEntries(Object.entries(query).filter(([, v]) => v !== "")) : query),
   z.strictObject({
-    node: token.optional(),
-    module: token.optional(),
-    provider: token.optional(),
+    node: z.optional(token),
+    module: z.optional(token),
+    provider: z.optional(token),
     open: joined(2, "<node>.<module>").optional(),
     triple: joined(3, "<provider>.<machine>.<consumer>").optional(),
   }),
@@ -103,8 +112,7 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     { failing: inputs.failing.reads, registry: inputs.registry.reads },
     runtime,
     Number.MAX_SAFE_INTEGER,
-    provisioningOf(model, now, graceSeconds),
-    staleHoldersOf(model, now),
+    { provisioning: provisioningOf(model, now, graceSeconds), stale: staleHoldersOf(model, now), nodes: nodesStatusOf(model, now) },
   );
   const { node, module, provider } = query;
   const nodes = new Set<string>();
@@ -122,7 +130,7 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
       continue;
     }
     gridNodes.add(n);
-    cells.set(tracked.base.key, stateAt(tracked, now, graceSeconds));
+    cells.set(tracked.base.key, stateAt(model, tracked, now, graceSeconds));
   }
   const reaches = (f: { provider?: string; node?: string; machine?: string; module?: string; consumer?: string }) =>
     (provider === undefined || f.provider === undefined || f.provider === provider) &&

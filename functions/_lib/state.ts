@@ -1,11 +1,11 @@
 /**
  * Provisioning state (docs/state.md §7): for every module of every node, whether its provisioning
- * happened and why not, from the views of the assignments, needs, applied, registry, failing and
- * rotations buckets. Every comparison is on the times the server stored the writes (`created`).
+ * happened and why not, from the views of the assignments, needs, applied, registry, failing,
+ * rotations and presence buckets. Every comparison is on the times the server stored the writes (`created`).
  *
  * The public face of `state/`, one job a file: `vocabulary.ts` (states, conditions, shapes,
  * schemas, config, the views read), `gather.ts` (records by module), `conditions.ts` (each
- * condition's one builder), `module.ts` (one module's state), `keeper.ts` (the model kept up to
+ * condition's one builder), `module.ts` (one module's state), `presence.ts` (nodes' presence), `keeper.ts` (the model kept up to
  * date), `current.ts` (the model of a `ctx` now), `reads.ts` (queries at a time asked). A file
  * here, not `state/index.ts`, so the build bundles it as an entry of its own (bin/build.mjs).
  */
@@ -14,6 +14,7 @@ export {
   conditionSchema,
   moduleStateSchema,
   NO_PROVISIONING,
+  PRESENCES,
   provisioningConfig,
   provisioningSchema,
   STATE_VIEWS,
@@ -24,6 +25,7 @@ export {
   type Modules,
   type ModuleState,
   type OutOfShapeKey,
+  type Presence,
   type Provisioning,
   type State,
   type StateInputs,
@@ -38,8 +40,12 @@ export {
   countsAgainstAt,
   modulesOf,
   moduleStateAt,
+  nodesAt,
+  nodesStatusOf,
   provisioningOf,
   staleHoldersAt,
   staleHoldersOf,
   stateAt,
+  type NodeEntry,
+  type NodesStatus,
 } from "./state/reads.ts";

@@ -4,7 +4,16 @@ import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
 import { filtersFor, token } from "../../contract/keys.ts";
 import { HEADROOM } from "./provisioning.ts";
 import type { StaleHolder } from "./rotation.ts";
-import { provisioningSchema, readModel, type Model, type Provisioning, type StateContext, type StateInputs } from "./state.ts";
+import {
+  PRESENCES,
+  provisioningSchema,
+  readModel,
+  type Model,
+  type NodesStatus,
+  type Provisioning,
+  type StateContext,
+  type StateInputs,
+} from "./state.ts";
 
 /** The status verb's subject (docs/failing.md §5). */
 export const STATUS = "mesh-provisioner.status";
@@ -13,9 +22,9 @@ export const COMPILE_FUNCTION = "registry-compile";
 
 /** The narrowing of status: each a token, like the verb's (docs/verb.md §4). */
 export const statusRequest = z.strictObject({
-  provider: token.optional(),
-  machine: token.optional(),
-  consumer: token.optional(),
+  provider: z.optional(token),
+  machine: z.optional(token),
+  consumer: z.optional(token),
 });
 export type StatusRequest = z.output<typeof statusRequest>;
 
@@ -37,7 +46,12 @@ export interface Status {
   readonly provisioning: Provisioning;
   /** Holders stale past the rotation's grace (docs/rotation.md §8.3). */
   readonly stale: StaleHolder[];
+  /** Nodes by presence, and the unreachable ones (docs/presence.md §16.3). */
+  readonly nodes: NodesStatus;
 }
+
+/** The nodes of a status that speaks of no node (narrowed by provider). */
+export const NO_NODES: NodesStatus = Object.freeze({ counts: Object.freeze({ reachable: 0, unreachable: 0, silent: 0 }), unreachable: [] });
 
 /** Whether the mesh can record providers' events now, and what the follower holds of them (docs/failing.md §5.6). */
 export interface Events {
@@ -97,6 +111,10 @@ export const statusAnswer = z.object({
       appliedAt: z.string().nullable(),
     }),
   ),
+  nodes: z.object({
+    counts: z.object(Object.fromEntries(PRESENCES.map((p) => [p, z.number().int()])) as Record<(typeof PRESENCES)[number], z.ZodNumber>),
+    unreachable: z.array(z.object({ node: z.string(), since: z.string(), lastSeen: z.string() })),
+  }),
 }) satisfies z.ZodType<Status>;
 
 /**
@@ -130,18 +148,20 @@ export async function countFailing(failing: ReadBucket): Promise<{ failing: numb
 /**
  * Status (docs/failing.md §5) of what `request` narrows to, from the failing and registry buckets and
  * the runtime's count of refused events and what it found JetStream stores. `well` is false
- * while any reached key is failing or out of shape, while the mesh cannot record events, or
- * while a module counts against the mesh (`provisioning`, docs/state.md §7). When the answer would not fit in `maxPayload`, out-of-shape keys and then the
- * last failing triples are left out, and counted in `omitted`.
+ * while any reached key is failing or out of shape, while the mesh cannot record events, while
+ * a module counts against the mesh (`provisioning`, docs/state.md §7), a holder is stale past its
+ * grace (`stale`, docs/rotation.md §8.3) or a node is unreachable (`nodes`,
+ * docs/presence.md §16.3). When the answer would not fit in `maxPayload`, out-of-shape keys and
+ * then the last failing triples are left out, and counted in `omitted`.
  */
 export async function readStatus(
   request: StatusRequest,
   buckets: { failing: ReadBucket; registry: ReadBucket },
   runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }>; store(): StoreUse },
   maxPayload: number,
-  provisioning: Provisioning,
-  stale: StaleHolder[] = [],
+  of: { readonly provisioning: Provisioning; readonly stale: StaleHolder[]; readonly nodes: NodesStatus },
 ): Promise<Status> {
+  const { provisioning, stale, nodes } = of;
   const [entries, kinds, compiled, refused] = await Promise.all([
     buckets.failing.list(filtersFor("failing", request)),
     buckets.registry.list(">"),
@@ -151,7 +171,13 @@ export async function readStatus(
   const { failing, outOfShape } = failingOf(entries);
   const events = eventsOf(runtime.store());
   const status: Status = {
-    well: failing.length === 0 && outOfShape.length === 0 && events.recording && provisioning.notWell.length === 0 && stale.length === 0,
+    well:
+      failing.length === 0 &&
+      outOfShape.length === 0 &&
+      events.recording &&
+      provisioning.notWell.length === 0 &&
+      stale.length === 0 &&
+      nodes.unreachable.length === 0,
     failing,
     outOfShape,
     omitted: 0,
@@ -160,12 +186,14 @@ export async function readStatus(
     events,
     provisioning,
     stale,
+    nodes,
   };
   return fitted(status, maxPayload - HEADROOM);
 }
 
 /**
- * `status` cut to `budget` bytes of JSON: stale holders go first (all but one), then modules not
+ * `status` cut to `budget` bytes of JSON: stale holders go first (all but one), then unreachable
+ * nodes (all but one; their count stays), then modules not
  * well (counted in `provisioning.omitted`), then out-of-shape keys, then failing triples from the
  * end; all but the modules counted in `omitted`.
  */
@@ -176,6 +204,9 @@ function fitted(status: Status, budget: number): Status {
   const notWell = [...status.provisioning.notWell];
   const stale = [...status.stale];
   while (size > budget && stale.length > 1) size -= itemBytes(stale.pop());
+  // `nodes.counts.unreachable` still says how many there are.
+  const unreachable = [...status.nodes.unreachable];
+  while (size > budget && unreachable.length > 1) size -= itemBytes(unreachable.pop());
   const outOfShape = [...status.outOfShape];
   const failing = [...status.failing];
   while (size > budget && notWell.length > 0) size -= itemBytes(notWell.pop());
@@ -183,7 +214,8 @@ function fitted(status: Status, budget: number): Status {
   while (size > budget && failing.length > 0) size -= itemBytes(failing.pop());
   const omitted = status.failing.length - failing.length + status.outOfShape.length - outOfShape.length;
   const provisioning = { ...status.provisioning, notWell, omitted: status.provisioning.notWell.length - notWell.length };
-  return { ...status, failing, outOfShape, omitted: omitted + status.stale.length - stale.length, provisioning, stale };
+  const nodes = { ...status.nodes, unreachable };
+  return { ...status, failing, outOfShape, omitted: omitted + status.stale.length - stale.length, provisioning, stale, nodes };
 }
 
 /** What a reader of the whole status needs of its `ctx` (docs/failing.md §5.6): the state's views, its graces, the runtime's records. */

@@ -79,7 +79,7 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
     } catch (err) {
       problems.push({ at: "cron", message: (err as Error).message });
     }
-    if (!fn.input.safeParse({}).success) problems.push({ message: "a cron run's input is {}, which the input schema refuses" });
+    if (!z.safeParse(fn.input, {}).success) problems.push({ message: "a cron run's input is {}, which the input schema refuses" });
     return problems;
   },
   describe: (trigger) => `cron ${trigger.cron}${trigger.timezone ? ` ${trigger.timezone}` : ""}${trigger.onStart ? " (and at start)" : ""}`,

@@ -17,8 +17,8 @@ export interface FunctionRef {
   readonly file: string;
   readonly description: string;
   /** The input schema; a strict empty object when the definition has none. */
-  readonly input: z.ZodType;
-  readonly output?: z.ZodType;
+  readonly input: z.core.$ZodType;
+  readonly output?: z.core.$ZodType;
   readonly triggers: readonly object[];
 }
 
@@ -120,7 +120,7 @@ export interface TriggerKind<
   /** Its triggers' schema in a function file, strict: the loader refuses what it refuses. */
   readonly schema: z.ZodType<T>;
   /** Problems of one trigger of a file as it loads, e.g. a cron expression croner refuses. */
-  checkFile?(trigger: T, fn: { readonly input: z.ZodType }): Problem[];
+  checkFile?(trigger: T, fn: { readonly input: z.core.$ZodType }): Problem[];
   /** Problems of one trigger against the config and the runtime, e.g. a stream the config lacks. */
   checkConfig?(trigger: T, config: Config): Problem[];
   /**

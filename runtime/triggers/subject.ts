@@ -56,7 +56,7 @@ function endpointStats(service: Service, name: string): EndpointStats | undefine
 }
 
 /** A schema as JSON Schema text (what it accepts, or what it gives); what JSON Schema cannot say is left open. */
-function jsonSchemaOf(schema: z.ZodType, io: "input" | "output"): string | undefined {
+function jsonSchemaOf(schema: z.core.$ZodType, io: "input" | "output"): string | undefined {
   try {
     return JSON.stringify(z.toJSONSchema(schema, { io, unrepresentable: "any" }));
   } catch {

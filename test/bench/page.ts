@@ -5,7 +5,7 @@
  */
 import { pathToFileURL } from "node:url";
 import { publishDemoEvent, writeDemo } from "../../cli/demo.ts";
-import { PARTS_PATH, SCRIPT, STYLE } from "../../functions/_lib/page.tsx";
+import { PARTS_PATH, SCRIPT, STYLE } from "../../functions/_lib/page/index.tsx";
 import { startSet, testBus } from "../helpers.ts";
 
 export interface PageFigures {

@@ -1,8 +1,9 @@
 // A node's client as the mesh's own are written: nats.go's standard key-value API, the node's own
 // user and inbox prefix, nothing else. It writes one of its own needs, reads it back, reads a
-// registry kind, asks the verb, tries another node's key, and prints what happened as JSON.
+// registry kind, writes its presence, asks the verb, tries another node's key and presence, and
+// prints what happened as JSON.
 //
-// Usage: nodeclient <url> <user> <password> <own key> <other node's key>
+// Usage: nodeclient <url> <user> <password> <own key> <other node's key> <other node>
 package main
 
 import (
@@ -15,7 +16,7 @@ import (
 )
 
 func main() {
-	url, user, password, own, other := os.Args[1], os.Args[2], os.Args[3], os.Args[4], os.Args[5]
+	url, user, password, own, other, otherNode := os.Args[1], os.Args[2], os.Args[3], os.Args[4], os.Args[5], os.Args[6]
 	out := map[string]string{}
 	say := func(step string, err error, value string) {
 		if err != nil {
@@ -59,6 +60,15 @@ func main() {
 		}
 	} else {
 		say("registry", err, "")
+	}
+	presence, err := js.KeyValue("mesh-provisioner_presence")
+	if err == nil {
+		_, err = presence.Put(user, []byte(`{"everySeconds":15,"client":"nodeclient.go"}`))
+		say("presence", err, "written")
+		_, err = presence.Put(otherNode, []byte(`{"everySeconds":15}`))
+		say("presenceOther", err, "written")
+	} else {
+		say("presence", err, "")
 	}
 	reply, err := nc.Request("mesh-provisioner.provisioning", []byte(`{"what":"registry","kind":"port"}`), 5*time.Second)
 	if err == nil {

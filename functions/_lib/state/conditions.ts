@@ -47,7 +47,7 @@ const conditionOf = (type: ConditionType, reason: string, parts: readonly string
 });
 
 /** `Late`: never-ran or pending past `graceSeconds`; `lateAt` in ms since the epoch. */
-export function lateCondition(module: ModuleState, lateAt: number, graceSeconds: number): Condition {
+export function lateCondition(module: Omit<ModuleState, "presence">, lateAt: number, graceSeconds: number): Condition {
   const waiting =
     module.state === "never-ran"
       ? "no applied record and no needs"
@@ -98,6 +98,39 @@ export function providerNotReadyCondition(
     return `need ${n.kind}.${n.name} names provider ${n.provider}, assigned to ${nodes.join(", ")}${assigned.length > MAX_NAMED ? ` and ${assigned.length - MAX_NAMED} more` : ""} but applied on none`;
   });
   return conditionOf("ProviderNotReady", "ProviderNotApplied", parts, earliest(needs.map((n) => n.created)));
+}
+
+/** `Unconfirmed`: the module's node is unreachable since `since` (ms since the epoch), having last written presence at `lastSeen` (docs/presence.md §16.2). */
+export function unconfirmedCondition(node: string, since: number, lastSeen: number): Condition {
+  return conditionOf(
+    "Unconfirmed",
+    "NodeUnreachable",
+    [
+      `node ${node} is unreachable: no presence since ${new Date(lastSeen).toISOString()}, so its applied record and checks are not confirmed`,
+    ],
+    new Date(since).toISOString(),
+  );
+}
+
+/**
+ * `ProviderUnreachable`: needs naming a provider module every assigned node of which is
+ * unreachable, each with the latest time one of them became so (ms since the epoch); the
+ * condition began with the first of them (docs/presence.md §16.2).
+ */
+export function providerUnreachableCondition(
+  needs: readonly { kind: string; name: string; provider: string; nodes: readonly string[]; since: number }[],
+): Condition | undefined {
+  if (needs.length === 0) return undefined;
+  const parts = needs.map((n) => {
+    const nodes = n.nodes.slice(0, MAX_NAMED).join(", ") + (n.nodes.length > MAX_NAMED ? ` and ${n.nodes.length - MAX_NAMED} more` : "");
+    return `need ${n.kind}.${n.name} names provider ${n.provider}, assigned only to unreachable ${n.nodes.length === 1 ? "node" : "nodes"} ${nodes}`;
+  });
+  return conditionOf(
+    "ProviderUnreachable",
+    "ProviderNodesUnreachable",
+    parts,
+    new Date(Math.min(...needs.map((n) => n.since))).toISOString(),
+  );
 }
 
 /** `Stale`: holders of a rotated provision not on its new revision past the rotation's grace (docs/rotation.md §8.3). */

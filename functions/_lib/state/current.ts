@@ -12,7 +12,11 @@ type StateViewBucket = Pick<ViewBucket, "snapshot" | "localSnapshot" | "confirme
 /** What reading the state needs of a function's `ctx`: the views of {@link STATE_VIEWS}, and the graces in seconds. */
 export interface StateContext {
   readonly views: Readonly<Record<StateView, StateViewBucket>>;
-  readonly config: { readonly provisioning: { readonly graceSeconds: number }; readonly rotation: { readonly graceSeconds: number } };
+  readonly config: {
+    readonly provisioning: { readonly graceSeconds: number };
+    readonly rotation: { readonly graceSeconds: number };
+    readonly presence: { readonly ttlSeconds: number };
+  };
 }
 
 /** The snapshots of the views state reads ({@link STATE_VIEWS}), fresh (one check each) or, with `stale`, as held. */
@@ -36,7 +40,12 @@ export async function readModel(
 ): Promise<{ inputs: StateInputs; model: Model; confirmedAt: Date | null | undefined }> {
   const confirmations = stale ? STATE_VIEWS.map((v) => ctx.views[v].confirmedAt()) : undefined;
   const inputs = await snapshotsOf(ctx.views, stale);
-  const model = await currentModel(inputs, ctx.config.provisioning.graceSeconds, ctx.config.rotation.graceSeconds);
+  const model = await currentModel(
+    inputs,
+    ctx.config.provisioning.graceSeconds,
+    ctx.config.rotation.graceSeconds,
+    ctx.config.presence.ttlSeconds,
+  );
   const confirmedAt =
     confirmations === undefined
       ? undefined

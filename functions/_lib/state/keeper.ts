@@ -4,12 +4,13 @@
  * changed since the last one, not for the size of the mesh.
  */
 import { createRequire } from "node:module";
-import type { KeyRecord } from "../../../runtime/index.ts";
+import type { Entry, KeyRecord } from "../../../runtime/index.ts";
 import { decodeKey } from "../../../contract/keys.ts";
 import { keeping, type Changes } from "../keeping.ts";
 import { byKey, sameJson } from "../text.ts";
 import type { FailingProvider } from "./conditions.ts";
 import { failingByModule, gatherByModule, moduleOfKey, staleByModule, type GatheredRecords } from "./gather.ts";
+import { presenceOfEntry } from "./presence.ts";
 import {
   isReady,
   isWatched,
@@ -23,6 +24,7 @@ import {
   zeroConditionCounts,
   zeroCounts,
   type Model,
+  type NodePresence,
   type OutOfShapeKey,
   type StateInputs,
   type TimedStaleHolder,
@@ -32,10 +34,13 @@ import {
 // Required, not imported: a CommonJS module whose default export tsx and vitest unwrap differently.
 const { default: BTree } = createRequire(import.meta.url)("sorted-btree") as typeof import("sorted-btree");
 type ModuleTree = InstanceType<typeof BTree<string, TrackedModule>>;
+type PresenceTree = InstanceType<typeof BTree<string, NodePresence>>;
+type NodeTree = InstanceType<typeof BTree<string, number>>;
 
 /** What the model is kept up to date from: each module's {@link ModuleParts}, and what its conditions read of other modules and buckets. */
 interface ModelKeeper extends CrossModuleFacts {
   readonly rotationGraceSeconds: number;
+  readonly presenceTtlSeconds: number;
   readonly parts: Map<string, ModuleParts>;
   /** Keys out of shape that name no module, by `<bucket>:<key>`. */
   readonly noModuleOutOfShape: Map<string, OutOfShapeKey>;
@@ -64,6 +69,9 @@ const EMPTY_MODEL: Model = {
   counts: zeroCounts(),
   conditions: zeroConditionCounts(),
   staleHolders: 0,
+  consumers: new BTree<string, TrackedModule>(),
+  presence: new BTree<string, NodePresence>(),
+  nodes: new BTree<string, number>(),
 };
 
 /**
@@ -71,8 +79,8 @@ const EMPTY_MODEL: Model = {
  * whole mesh when `keeper` is new), `now` the failing providers and stale holders as they are
  * now, `noModuleChanged` the keys naming no module that changed (`null`: gone); modules naming a
  * provider whose assignments or readiness changed, or whose failing providers or stale holders
- * changed, are made again from their parts. The model made is a new one; the one before is left
- * as it was.
+ * changed, are made again from their parts; `presence` holds the presence writes changed
+ * (`null`: deleted), by node. The model made is a new one; the one before is left as it was.
  */
 function applyChanges(
   keeper: ModelKeeper,
@@ -83,10 +91,28 @@ function applyChanges(
     stale?: { rotations: number; byModule: Map<string, readonly TimedStaleHolder[]> };
   },
   noModuleChanged: ReadonlyMap<string, OutOfShapeKey | null>,
+  presenceChanged: ReadonlyMap<string, NodePresence | null> = new Map(),
 ): Model {
   const before = keeper.model;
   const modules = (before.modules as ModuleTree).clone();
   const watched = (before.watched as ModuleTree).clone();
+  const consumers = (before.consumers as ModuleTree).clone();
+  const nodes = (before.nodes as NodeTree).clone();
+  let presence = before.presence as PresenceTree;
+  if (presenceChanged.size > 0) {
+    presence = presence.clone();
+    for (const [node, p] of presenceChanged) {
+      if (p === null) presence.delete(node);
+      else presence.set(node, p);
+    }
+  }
+  /** Counts a listed module of `key`'s node in or out. */
+  const countNode = (key: string, by: 1 | -1) => {
+    const node = key.slice(0, key.indexOf("."));
+    const n = (nodes.get(node) ?? 0) + by;
+    if (n === 0) nodes.delete(node);
+    else nodes.set(node, n);
+  };
   const counts = { ...before.counts };
   const conditions = { ...before.conditions };
   let { staleHolders } = before;
@@ -144,6 +170,8 @@ function applyChanges(
       for (const c of old.base.conditions) conditions[c.type]--;
       staleHolders -= old.stale.length;
       watched.delete(key);
+      consumers.delete(key);
+      countNode(key, -1);
     }
     const p = keeper.parts.get(key);
     if (p === undefined || !p.listed) {
@@ -152,15 +180,17 @@ function applyChanges(
     }
     const tracked = trackedModuleOf(key, p, keeper);
     modules.set(key, tracked);
+    countNode(key, 1);
     counts[tracked.base.state]++;
     for (const c of tracked.base.conditions) conditions[c.type]++;
     staleHolders += tracked.stale.length;
     if (isWatched(tracked)) watched.set(key, tracked);
+    if (tracked.providerNeeds.length > 0) consumers.set(key, tracked);
   }
   const outOfShape = !answerOutOfShapeChanged
     ? before.outOfShape
     : [...keeper.noModuleOutOfShape.values(), ...[...keeper.parts.values()].flatMap((p) => p.answerOutOfShape)].sort(byKey);
-  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders };
+  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders, consumers, presence, nodes };
   return keeper.model;
 }
 
@@ -173,19 +203,49 @@ const liveRecords = async (records: Promise<KeyRecord[]>) => (await records).fil
 /** How many modules are gathered at once when the model is made whole. */
 const MODULES_A_BATCH = 1000;
 
+/**
+ * The presence writes of `entries` (deleted ones `null`) by node, and the keys among them out of
+ * shape by `presence:<key>` (`null`: in shape again): what {@link applyChanges} takes.
+ */
+function presenceChanges(
+  entries: readonly (Entry | { key: string; deleted: true })[],
+  ttlSeconds: number,
+): { changed: Map<string, NodePresence | null>; outOfShape: Map<string, OutOfShapeKey | null> } {
+  const changed = new Map<string, NodePresence | null>();
+  const outOfShape = new Map<string, OutOfShapeKey | null>();
+  for (const entry of entries) {
+    if ("deleted" in entry && entry.deleted) {
+      changed.set(entry.key, null);
+      outOfShape.set(`presence:${entry.key}`, null);
+      continue;
+    }
+    const read = presenceOfEntry(entry as Entry, ttlSeconds);
+    if (read.presence !== undefined) changed.set(entry.key, read.presence);
+    outOfShape.set(`presence:${entry.key}`, read.bad ?? null);
+  }
+  return { changed, outOfShape };
+}
+
 /** A new keeper, its model made from the whole of every view. */
-async function makeKeeper(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds: number): Promise<ModelKeeper> {
-  const [assignments, needs, applied, registry, failing, stale] = await Promise.all([
+async function makeKeeper(
+  inputs: StateInputs,
+  graceSeconds: number,
+  rotationGraceSeconds: number,
+  presenceTtlSeconds: number,
+): Promise<ModelKeeper> {
+  const [assignments, needs, applied, registry, failing, stale, presenceEntries] = await Promise.all([
     inputs.assignments.reads.records(">"),
     liveRecords(inputs.needs.reads.records(">")),
     liveRecords(inputs.applied.reads.records(">")),
     inputs.registry.reads.list(">"),
     failingByModule(inputs.failing),
     staleByModule(inputs, rotationGraceSeconds),
+    inputs.presence.reads.list(">"),
   ]);
   const keeper: ModelKeeper = {
     graceSeconds,
     rotationGraceSeconds,
+    presenceTtlSeconds,
     parts: new Map(),
     noModuleOutOfShape: new Map(),
     kinds: new Set(registry.map((e) => e.key)),
@@ -212,11 +272,13 @@ async function makeKeeper(inputs: StateInputs, graceSeconds: number, rotationGra
   addToBatches("needs", needs);
   addToBatches("applied", applied);
   batchOf.clear();
+  const presence = presenceChanges(presenceEntries, presenceTtlSeconds);
   let first = true;
   for (const batch of batches.length === 0 ? [{ assignments: [], needs: [], applied: [] }] : batches) {
     const gathered = gatherByModule(batch.assignments, batch.needs, batch.applied);
     const regathered = new Set([...gathered.byModule.keys(), ...gathered.answerOutOfShape.keys()]);
-    applyChanges(keeper, gathered, regathered, first ? { failing, stale } : {}, gathered.noModuleOutOfShape);
+    const noModule = first ? new Map([...gathered.noModuleOutOfShape, ...presence.outOfShape]) : gathered.noModuleOutOfShape;
+    applyChanges(keeper, gathered, regathered, first ? { failing, stale } : {}, noModule, first ? presence.changed : undefined);
     first = false;
     // Requests in hand go on between batches.
     await new Promise((resolve) => setImmediate(resolve));
@@ -235,7 +297,7 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
   if (changes.registry.length > 0) {
     const kinds = new Set((await inputs.registry.reads.list(">")).map((e) => e.key));
     if (kinds.size !== keeper.kinds.size || [...kinds].some((k) => !keeper.kinds.has(k))) {
-      return makeKeeper(inputs, keeper.graceSeconds, keeper.rotationGraceSeconds);
+      return makeKeeper(inputs, keeper.graceSeconds, keeper.rotationGraceSeconds, keeper.presenceTtlSeconds);
     }
   }
   const regather = new Set<string>();
@@ -248,7 +310,7 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     }
   }
   const staleChanged = changes.rotations.length > 0 || (keeper.rotations > 0 && (changes.needs.length > 0 || changes.applied.length > 0));
-  const [records, noModuleRecords, failing, stale] = await Promise.all([
+  const [records, noModuleRecords, failing, stale, presenceRead] = await Promise.all([
     Promise.all(
       [...regather].map(async (module) => {
         const [assignment, assignmentsUnder, need, needsUnder, applied, appliedUnder] = await Promise.all([
@@ -275,7 +337,9 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     ),
     changes.failing.length > 0 ? failingByModule(inputs.failing) : undefined,
     staleChanged ? staleByModule(inputs, keeper.rotationGraceSeconds) : undefined,
+    Promise.all(changes.presence.map(async (key) => (await inputs.presence.reads.get(key)) ?? { key, deleted: true as const })),
   ]);
+  const presence = presenceChanges(presenceRead, keeper.presenceTtlSeconds);
   const gathered = gatherByModule(
     records.flatMap((r) => r.assignments),
     records.flatMap((r) => r.needs),
@@ -286,33 +350,44 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     const decoded = decodeKey(bucket, key);
     noModuleChanged.set(`${bucket}:${key}`, record === null || decoded.ok ? null : { key: `${bucket}:${key}`, reason: decoded.reason });
   }
+  for (const [key, found] of presence.outOfShape) noModuleChanged.set(key, found);
   applyChanges(
     keeper,
     gathered,
     regather,
     { ...(failing === undefined ? {} : { failing }), ...(stale === undefined ? {} : { stale }) },
     noModuleChanged,
+    presence.changed,
   );
   return keeper;
 }
 
 // The keeper of the last views asked: made once from the whole of the views, then updated from what changed.
 const modelCache = keeping(
-  (inputs: StateInputs, graces: { graceSeconds: number; rotationGraceSeconds: number }) =>
-    makeKeeper(inputs, graces.graceSeconds, graces.rotationGraceSeconds),
+  (inputs: StateInputs, graces: { graceSeconds: number; rotationGraceSeconds: number; presenceTtlSeconds: number }) =>
+    makeKeeper(inputs, graces.graceSeconds, graces.rotationGraceSeconds, graces.presenceTtlSeconds),
   updateKeeper,
 );
 
 /** The model of `inputs` made from the whole of each view, kept nowhere: what {@link currentModel} keeps up to date. */
-export const modelOf = async (inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> =>
-  (await makeKeeper(inputs, graceSeconds, rotationGraceSeconds)).model;
+export const modelOf = async (
+  inputs: StateInputs,
+  graceSeconds: number,
+  rotationGraceSeconds = 300,
+  presenceTtlSeconds = 60,
+): Promise<Model> => (await makeKeeper(inputs, graceSeconds, rotationGraceSeconds, presenceTtlSeconds)).model;
 
 /**
  * The model of the views' snapshots now (each view checked current once, docs/verb.md §4.6):
  * made from the whole of the views once, then kept up to date from the keys changed since
  * (docs/state.md §7.5), so a request after a change pays for the modules it touched.
- * `graceSeconds` and `rotationGraceSeconds` in seconds.
+ * `graceSeconds`, `rotationGraceSeconds` and `presenceTtlSeconds` in seconds.
  */
-export async function currentModel(inputs: StateInputs, graceSeconds: number, rotationGraceSeconds = 300): Promise<Model> {
-  return (await modelCache(inputs, { graceSeconds, rotationGraceSeconds })).model;
+export async function currentModel(
+  inputs: StateInputs,
+  graceSeconds: number,
+  rotationGraceSeconds = 300,
+  presenceTtlSeconds = 60,
+): Promise<Model> {
+  return (await modelCache(inputs, { graceSeconds, rotationGraceSeconds, presenceTtlSeconds })).model;
 }

@@ -42,7 +42,7 @@ export interface ModuleParts {
   /** The keys out of shape it puts in the answer's `outOfShape` (all of its own when it is not listed). */
   readonly answerOutOfShape: readonly OutOfShapeKey[];
   /** Its state without conditions (`listed` only). */
-  readonly base?: Omit<ModuleState, "conditions">;
+  readonly base?: Omit<ModuleState, "conditions" | "presence">;
   readonly since?: Date;
   readonly unanswerable?: Condition | undefined;
   readonly outOfShape?: Condition | undefined;
@@ -124,8 +124,13 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
   ].filter((c): c is Condition => c !== undefined);
   const { state } = base;
   const progressing = state === "never-ran" || state === "pending";
+  const providerNeeds = parts.providerNeeds.flatMap(({ kind, name, provider }) => {
+    const assigned = facts.providerNodes.get(provider)?.assigned;
+    return assigned === undefined || assigned.size === 0 ? [] : [{ kind, name, provider, nodes: [...assigned].sort() }];
+  });
   return {
     base: { ...base, conditions },
+    providerNeeds,
     lateAt: progressing ? parts.since!.getTime() + facts.graceSeconds * 1000 : null,
     countsAgainstAnyTime: conditions.length > 0 || !(progressing || isReady(base)),
     stale: facts.stale.get(key) ?? [],

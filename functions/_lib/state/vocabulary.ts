@@ -17,15 +17,22 @@ export const CONDITIONS = [
   "ProviderFailing",
   "ProviderNotAssigned",
   "ProviderNotReady",
+  "Unconfirmed",
+  "ProviderUnreachable",
   "Stale",
   "OutOfShape",
 ] as const;
 export type ConditionType = (typeof CONDITIONS)[number];
+/** What is said of a node from its presence writes (docs/presence.md §16.1), in the order counts are said. */
+export const PRESENCES = ["reachable", "unreachable", "silent"] as const;
+export type Presence = (typeof PRESENCES)[number];
 
 /** `provisioning` of `wrangler-free.config.ts` (docs/state.md §7): how long never-ran or pending may last before it is Late. */
 export const provisioningConfig = z
   .object({
     provisioning: z.strictObject({ graceSeconds: z.number().int().min(1).default(600) }).default({ graceSeconds: 600 }),
+    // docs/presence.md §16.1: how long a node may write no presence before it is unreachable, in seconds.
+    presence: z.strictObject({ ttlSeconds: z.number().int().min(1).default(60) }).default({ ttlSeconds: 60 }),
   })
   .extend(rotationConfig.shape);
 
@@ -51,6 +58,8 @@ export interface ModuleState {
   readonly appliedAt: string | null;
   readonly error?: string;
   readonly conditions: readonly Condition[];
+  /** What is said of its node's presence at the time asked (docs/presence.md §16.1). */
+  readonly presence: Presence;
 }
 
 export const conditionSchema = z.object({ type: z.enum(CONDITIONS), reason: z.string(), message: z.string(), since: z.string() });
@@ -65,10 +74,11 @@ export const moduleStateSchema = z.object({
   appliedAt: z.string().nullable(),
   error: z.string().optional(),
   conditions: z.array(conditionSchema),
+  presence: z.enum(PRESENCES),
 }) satisfies z.ZodType<ModuleState>;
 
 /** The views state reads (docs/state.md §7.1), by their config names: the one list, every other derived from it. */
-export const STATE_VIEWS = ["assignments", "needs", "applied", "registry", "failing", "rotations"] as const;
+export const STATE_VIEWS = ["assignments", "needs", "applied", "registry", "failing", "rotations", "presence"] as const;
 export type StateView = (typeof STATE_VIEWS)[number];
 /** The views the state is made of, as snapshots (one freshness check each). */
 export type StateInputs = { readonly [V in StateView]: Snapshot };
@@ -76,10 +86,20 @@ export type StateInputs = { readonly [V in StateView]: Snapshot };
 /** A stale holder of a module with when it passes its rotation's grace (ms since the epoch, docs/rotation.md §8.3). */
 export type TimedStaleHolder = StaleHolder & { readonly staleAt: number };
 
-/** A module as the model tracks it: its state without `Late` and `Stale`, which depend on the time asked. */
+/** A need naming a provider module assigned to some node: those nodes, in key order (for `ProviderUnreachable`, docs/presence.md §16.2). */
+export interface AssignedProviderNeed {
+  readonly kind: string;
+  readonly name: string;
+  readonly provider: string;
+  readonly nodes: readonly string[];
+}
+
+/** A module as the model tracks it: its state without what depends on the time asked (`Late`, `Stale`, its node's presence). */
 export interface TrackedModule {
   /** Its state and the conditions that do not depend on the time. */
-  readonly base: ModuleState;
+  readonly base: Omit<ModuleState, "presence">;
+  /** Its needs naming a provider module that is assigned. */
+  readonly providerNeeds: readonly AssignedProviderNeed[];
   /** When it becomes Late (ms since the epoch): never-ran or pending only. */
   readonly lateAt: number | null;
   /** Whether it counts against the mesh whatever the time (a state or a condition besides Late and Stale). */
@@ -90,6 +110,25 @@ export interface TrackedModule {
 
 /** Modules by key `<node>.<module>`, in key order (a B+ tree). */
 export type Modules = Pick<import("sorted-btree").default<string, TrackedModule>, "get" | "has" | "size" | "keys" | "values" | "entries">;
+
+/** A node's last presence write (docs/presence.md §16.1): when the server stored it, what it says, and when the node is unreachable without another. */
+export interface NodePresence {
+  readonly node: string;
+  /** When the server stored the last write (its `created`), ms since the epoch. */
+  readonly lastSeen: number;
+  /** The period the write states, in seconds (`null` when its value is out of shape). */
+  readonly everySeconds: number | null;
+  readonly client: string | null;
+  /** The last write plus the longer of `presence.ttlSeconds` and three times `everySeconds`, ms since the epoch. */
+  readonly unreachableAt: number;
+}
+/** Nodes' presence by node, in key order (a B+ tree). */
+export type NodePresences = Pick<
+  import("sorted-btree").default<string, NodePresence>,
+  "get" | "has" | "size" | "keys" | "values" | "entries"
+>;
+/** Nodes with a listed module, by node: how many (a B+ tree). */
+export type NodeModules = Pick<import("sorted-btree").default<string, number>, "get" | "has" | "size" | "keys" | "values" | "entries">;
 
 /** A key out of its bucket's shape, `<bucket>:<key>`, and why. */
 export interface OutOfShapeKey {
@@ -106,10 +145,16 @@ export interface Model {
   /** Keys that name no module, by `<bucket>:<key>`. */
   readonly outOfShape: readonly OutOfShapeKey[];
   readonly counts: Readonly<Record<State, number>>;
-  /** Modules carrying each condition, Late and Stale left out (they depend on the time asked). */
+  /** Modules carrying each condition, those that depend on the time asked left out (Late, Stale, Unconfirmed, ProviderUnreachable). */
   readonly conditions: Readonly<Record<ConditionType, number>>;
   /** Stale holders, within their grace or past it. */
   readonly staleHolders: number;
+  /** The modules with a need naming an assigned provider module, by key: those `ProviderUnreachable` may come to. */
+  readonly consumers: Modules;
+  /** Every node's last presence write, by node. */
+  readonly presence: NodePresences;
+  /** The nodes with a listed module, by node. */
+  readonly nodes: NodeModules;
 }
 
 /** What status says of provisioning (docs/state.md §7.5): modules by state, and those that count against the mesh. */

@@ -16,7 +16,7 @@ export const NARROWING_FIELDS = {
   provider: { schema: token, value: "provider", help: "narrow to one provider" },
   machine: { schema: token, value: "machine", help: "narrow to one machine (history)" },
   consumer: { schema: token, value: "consumer", help: "narrow to one consumer (history)" },
-} as const satisfies Readonly<Record<string, { readonly schema: z.ZodType<string>; readonly value: string; readonly help: string }>>;
+} as const satisfies Readonly<Record<string, { readonly schema: z.core.$ZodType<string>; readonly value: string; readonly help: string }>>;
 
 /** A narrowing field of the request. */
 export type Narrowing = keyof typeof NARROWING_FIELDS;
@@ -34,7 +34,7 @@ const count = z
 type NarrowingSchemas = { [F in Narrowing]: z.ZodOptional<(typeof NARROWING_FIELDS)[F]["schema"]> };
 /** The narrowing fields' schemas, each optional. */
 export const narrowingSchemas = Object.fromEntries(
-  NARROWINGS.map((field) => [field, NARROWING_FIELDS[field].schema.optional()]),
+  NARROWINGS.map((field) => [field, z.optional(NARROWING_FIELDS[field].schema)]),
 ) as NarrowingSchemas;
 
 /** The fields after the narrowings and each `what`'s own: paging and freshness. */

@@ -7,7 +7,18 @@
 import { z } from "zod";
 import { filtersFor, type Fields, type ShapeName } from "../../../contract/keys.ts";
 import { rfc3339 } from "../../../contract/times.ts";
-import { modulesOf, moduleStateSchema, readModel, stateAt, STATE_VIEWS, STATES, type ModuleState } from "../state.ts";
+import {
+  modulesOf,
+  moduleStateSchema,
+  nodesAt,
+  PRESENCES,
+  readModel,
+  stateAt,
+  STATE_VIEWS,
+  STATES,
+  type ModuleState,
+  type NodeEntry,
+} from "../state.ts";
 import { HISTORY, historyEntrySchema, historyOf, type HistoryEntry } from "../history.ts";
 import { EVENTS_STREAM } from "../follower.ts";
 import type { RotationState } from "../rotation.ts";
@@ -46,13 +57,14 @@ const bucket = <S extends ShapeName & View>(
   columns,
 });
 
-// A module's entry text while it is unchanged and not Late: the model keeps the same object.
-const entryTexts = new WeakMap<object, string>();
-function entryText(tracked: { base: object }, at: object): string {
-  if (at !== tracked.base) return JSON.stringify(at);
-  let text = entryTexts.get(tracked.base);
-  if (text === undefined) entryTexts.set(tracked.base, (text = JSON.stringify(tracked.base)));
-  return text;
+// A module's entry text while it is unchanged and has no condition of the time asked: the model
+// keeps the same object, and one text per presence of its node.
+const entryTexts = new WeakMap<object, Partial<Record<string, string>>>();
+function entryText(tracked: { base: { conditions: readonly unknown[] } }, at: ModuleState): string {
+  if (at.conditions !== tracked.base.conditions) return JSON.stringify(at);
+  let texts = entryTexts.get(tracked.base);
+  if (texts === undefined) entryTexts.set(tracked.base, (texts = {}));
+  return (texts[at.presence] ??= JSON.stringify(at));
 }
 
 /** Every `what` the verb answers, the first the default (docs/verb.md §4.1). */
@@ -74,11 +86,40 @@ export const WHAT_TABLE = {
       const now = ctx.clock.now();
       function* items(): Generator<PageItem> {
         for (const tracked of modulesOf(model.modules, { node, module, after: cursors.after })) {
-          const at = stateAt(tracked, now, ctx.config.provisioning.graceSeconds);
+          const at = stateAt(model, tracked, now, ctx.config.provisioning.graceSeconds);
           if (state === undefined || at.state === state) yield { key: tracked.base.key, text: entryText(tracked, at) };
         }
       }
       return { items: items(), outOfShape: node === undefined && module === undefined ? model.outOfShape : [], confirmedAt };
+    },
+  }),
+  // The nodes and what their presence says (docs/presence.md §16.3), by node.
+  nodes: what<NodeEntry, { presence: z.ZodOptional<z.ZodEnum<{ [P in (typeof PRESENCES)[number]]: P }>> }>({
+    narrowings: ["node"],
+    fields: { presence: z.enum(PRESENCES).optional() },
+    schema: z
+      .object({
+        key: z.string(),
+        node: z.string(),
+        presence: z.enum(PRESENCES),
+        since: z.string().nullable(),
+        lastSeen: z.string().nullable(),
+        everySeconds: z.number().nullable(),
+        client: z.string().nullable(),
+        modules: z.number().int(),
+      })
+      .describe("with what=nodes: a node, what its presence says and since when (docs/presence.md §16.3)"),
+    views: STATE_VIEWS,
+    answer: async ({ request, cursors, ctx }) => {
+      const { node, presence } = request;
+      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale });
+      const now = ctx.clock.now();
+      function* items(): Generator<PageItem> {
+        for (const entry of nodesAt(model, now, { node, after: cursors.after })) {
+          if (presence === undefined || entry.presence === presence) yield { key: entry.node, text: JSON.stringify(entry) };
+        }
+      }
+      return { items: items(), confirmedAt };
     },
   }),
   // A provision's holders (docs/rotation.md §8.1).
@@ -98,7 +139,7 @@ export const WHAT_TABLE = {
   [HISTORY]: what<HistoryEntry, { since: z.ZodOptional<typeof rfc3339> }>({
     narrowings: ["provider", "machine", "consumer"],
     // The events stored at or after this time.
-    fields: { since: rfc3339.optional() },
+    fields: { since: z.optional(rfc3339) },
     schema: historyEntrySchema.describe("with what=history: an event the stream holds, newest first (docs/failing.md §5.8)"),
     views: [],
     streams: [EVENTS_STREAM],
