@@ -26,7 +26,9 @@ export default defineConfig({
     // docs/rotation.md §8.2: the newest rotation per provider, provision and (when named) holder.
     rotations: { bucket: "mesh-provisioner_rotations", writtenBy: "seat" },
     // docs/presence.md §16.1: each node's own key `<node>`, written by its client every few seconds.
-    presence: { bucket: "mesh-provisioner_presence", writtenBy: "nodes" },
+    presence: { bucket: "mesh-provisioner_presence", writtenBy: "nodes", nodeKeys: "own" },
+    // docs/presence.md §16.5: the newest check per node, module and provision, kept by the follower.
+    checks: { bucket: "mesh-provisioner_checks", writtenBy: "seat" },
   },
 
   // docs/failing.md §5: providers' failing/recovered events, kept a week for the follower's durable consumers.
@@ -48,7 +50,8 @@ export default defineConfig({
   },
 
   // docs/rotation.md §8.5: where a node is told a provision it holds was rotated.
-  nodes: { receive: ["mesh-provisioner.refresh.{node}"] },
+  // docs/presence.md §16.5: where a node publishes its checks (its own subject only).
+  nodes: { publish: ["mesh-provisioner.checked.{node}"], receive: ["mesh-provisioner.refresh.{node}"] },
 
   // The embedded server's users besides the seat (the demo mesh's nodes and providers).
   embedded: {

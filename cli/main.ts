@@ -11,6 +11,7 @@ import { rotationsCommand } from "./commands/rotations.ts";
 import { startCommand } from "./commands/start.ts";
 import { stateCommand } from "./commands/state.ts";
 import { nodesCommand } from "./commands/nodes.ts";
+import { checksCommand } from "./commands/checks.ts";
 import { statusCommand } from "./commands/status.ts";
 import { cliOf } from "./program.ts";
 
@@ -28,6 +29,7 @@ for (const add of [
   askCommand,
   stateCommand,
   nodesCommand,
+  checksCommand,
   holdersCommand,
   rotationsCommand,
   statusCommand,

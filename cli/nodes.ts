@@ -10,7 +10,7 @@ export function askNodes(nc: NatsConnection, narrowing: Record<string, unknown>)
 /** What a node's presence says in words: `reachable`, `unreachable for 3m10s`, `silent (never wrote presence)`. */
 function presenceWords(n: NodeEntry, now: Date): string {
   if (n.presence === "unreachable") return `unreachable for ${failingFor(n.since!, now)}`;
-  if (n.presence === "silent") return "silent (never wrote presence)";
+  if (n.presence === "silent") return "silent (no presence written)";
   return "reachable";
 }
 

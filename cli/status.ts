@@ -19,6 +19,7 @@ export function formatStatus(status: Status, now: Date): string {
   const notWell = [
     ...(failing > 0 ? [`${failing} failing`] : []),
     ...(modules > 0 ? [`${modules} module${modules === 1 ? "" : "s"} not well`] : []),
+    ...(status.checks.failing > 0 ? [`${status.checks.failing} check${status.checks.failing === 1 ? "" : "s"} failing`] : []),
     ...(status.nodes.counts.unreachable > 0
       ? [`${status.nodes.counts.unreachable} node${status.nodes.counts.unreachable === 1 ? "" : "s"} unreachable`]
       : []),
@@ -48,7 +49,7 @@ export function formatStatus(status: Status, now: Date): string {
       "",
       ...table([
         ["NODE", "UNREACHABLE FOR", "LAST SEEN"],
-        ...status.nodes.unreachable.map((n) => [n.node, failingFor(n.since, now), n.lastSeen]),
+        ...status.nodes.unreachable.map((n) => [n.node, failingFor(n.since, now), `${failingFor(n.lastSeen, now)} ago`]),
       ]),
     );
   }

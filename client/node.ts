@@ -5,7 +5,7 @@
 import type { KV, NatsConnection } from "nats";
 import * as z from "zod/mini";
 import { token } from "../contract/keys.ts";
-import { refreshNotice, refreshSubject, type RefreshNotice } from "../contract/events.ts";
+import { checkedEvent, checkedSubject, refreshNotice, refreshSubject, type RefreshNotice } from "../contract/events.ts";
 import { PRESENCE_EVERY_SECONDS, presenceValue } from "../contract/presence.ts";
 import {
   allPages,
@@ -66,13 +66,52 @@ export interface NodeClient {
   withdraw(collection: string, contributor: string): Promise<void>;
   /** Calls `handler` with each notice on `mesh-provisioner.refresh.<node>` until stopped; a notice out of shape is skipped. */
   onRefresh(handler: (notice: RefreshNotice) => void | Promise<void>): { stop(): void };
+  /**
+   * Publishes the result of `module`'s check of `provision` on `mesh-provisioner.checked.<node>`
+   * (docs/presence.md §16.5) when it differs from the last this client published for them (its
+   * `ok`, `reason` or `revision`), `at` now; the first result is always published. Returns
+   * whether it published. `reason` is one CamelCase word (`AuthFailed`), `CheckFailed` when a
+   * failing result gives none.
+   */
+  check(module: string, provision: string, result: CheckResult): Promise<boolean>;
+  /**
+   * Runs `probe` (connect, log in with the credential held) now and every `everySeconds` (60 by
+   * default), each within `timeoutSeconds` (10 by default), and publishes each change of its
+   * result with {@link NodeClient.check}: ok when it returns (its `revision`, when it gives one),
+   * failing when it throws (the error's `message`, and its `reason` when that is one CamelCase
+   * word) or times out (`Timeout`). Stops on `stop()` or `close()`.
+   */
+  keepChecking(
+    module: string,
+    provision: string,
+    probe: () => Promise<void | { readonly revision?: string }> | void | { readonly revision?: string },
+    options?: { readonly everySeconds?: number; readonly timeoutSeconds?: number },
+  ): { stop(): void };
   /** One page of the verb `mesh-provisioner.provisioning` (docs/verb.md §4); a refusal throws a `MeshRefusal`. */
   ask(request: Readonly<Record<string, unknown>>): Promise<unknown>;
   /** The set's status (docs/failing.md §5.6), narrowed as given. */
   status(narrowing?: { readonly provider?: string; readonly machine?: string; readonly consumer?: string }): Promise<unknown>;
-  /** Stops writing presence, and drains the connection. */
+  /**
+   * Stops writing presence and deletes the node's presence key: the node is silent from then on,
+   * not unreachable (docs/presence.md §16.1). For a node taken out of the mesh on purpose.
+   */
+  retire(): Promise<void>;
+  /** Stops writing presence and checking, and drains the connection: the node is unreachable once its limit passes. */
   close(): Promise<void>;
 }
+
+/** A check's result (docs/presence.md §16.5). */
+export interface CheckResult {
+  readonly ok: boolean;
+  readonly reason?: string;
+  readonly message?: string;
+  /** The revision of the provision checked with. */
+  readonly revision?: string;
+}
+
+const checkResult = z.pick(checkedEvent, { ok: true, reason: true, message: true, revision: true });
+const seconds = (most: number) => z.optional(z.number().check(z.positive("must be a positive number of seconds"), z.maximum(most)));
+const checkingOptions = z.optional(z.object({ everySeconds: seconds(86_400), timeoutSeconds: seconds(3600) }));
 
 /** What the client says it is in its presence writes. */
 const CLIENT = "mesh-provisioner client";
@@ -116,6 +155,21 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
   };
   const moduleArg = (module: unknown) => tokenArg("module", module);
   const presence = writePresence(node, everySeconds, kv);
+  /** The last result published per `<module>.<provision>`, as `ok reason revision`. */
+  const published = new Map<string, string>();
+  const checking = new Set<{ stop(): void }>();
+  const check = async (module: string, provision: string, result: CheckResult): Promise<boolean> => {
+    moduleArg(module);
+    checked("provision", checkedEvent.shape.provision, provision);
+    const read = checked("result", checkResult, result);
+    const said = [read.ok, read.ok ? "" : (read.reason ?? "CheckFailed"), read.revision ?? ""].join(" ");
+    const id = `${module}.${provision}`;
+    if (published.get(id) === said) return false;
+    const event = { module, provision, ...read, at: new Date().toISOString() };
+    await js.publish(checkedSubject(node), JSON.stringify(event));
+    published.set(id, said);
+    return true;
+  };
 
   return {
     node,
@@ -172,13 +226,74 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       await (await kv("collect")).delete(collectKey(node, collection, contributor));
     },
     onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), refreshNotice, handler),
+    check,
+    keepChecking(module, provision, probe, options) {
+      moduleArg(module);
+      checked("provision", checkedEvent.shape.provision, provision);
+      if (typeof probe !== "function") throw new ClientArgumentError("probe", "must be a function");
+      const { everySeconds = 60, timeoutSeconds = 10 } = checked("options", checkingOptions, options) ?? {};
+      let stopped = false;
+      let timer: NodeJS.Timeout | undefined;
+      const once = async () => {
+        let result: CheckResult;
+        let timeout: NodeJS.Timeout | undefined;
+        try {
+          const gave = await Promise.race([
+            Promise.resolve().then(probe),
+            new Promise<never>((_, reject) => {
+              timeout = setTimeout(() => reject(new ProbeTimeout(timeoutSeconds)), timeoutSeconds * 1000);
+            }),
+          ]);
+          result = { ok: true, ...(gave && typeof gave.revision === "string" ? { revision: gave.revision } : {}) };
+        } catch (err) {
+          const reason = (err as { reason?: unknown } | null)?.reason;
+          result = {
+            ok: false,
+            reason:
+              err instanceof ProbeTimeout
+                ? "Timeout"
+                : typeof reason === "string" && /^[A-Z][A-Za-z0-9]*$/.test(reason)
+                  ? reason
+                  : "CheckFailed",
+            message: err instanceof Error ? err.message : String(err),
+          };
+        } finally {
+          clearTimeout(timeout);
+        }
+        // A publish that fails is tried again at the next probe: nothing was recorded as published.
+        if (!stopped) await check(module, provision, result).catch(() => {});
+        if (!stopped) timer = setTimeout(() => void once(), everySeconds * 1000);
+      };
+      const handle = {
+        stop: () => {
+          stopped = true;
+          clearTimeout(timer);
+          checking.delete(handle);
+        },
+      };
+      checking.add(handle);
+      void once();
+      return handle;
+    },
     ask: (request) => mesh.request("provisioning", request),
     status: (narrowing = {}) => mesh.request("status", narrowing),
+    retire: async () => {
+      presence.stop();
+      await (await kv("presence")).delete(node);
+    },
     close: async () => {
       presence.stop();
+      for (const c of [...checking]) c.stop();
       await mesh.nc.drain();
     },
   };
+}
+
+/** A probe that did not finish within its time. */
+class ProbeTimeout extends Error {
+  constructor(seconds: number) {
+    super(`the probe did not finish within ${seconds} s`);
+  }
 }
 
 /**

@@ -79,3 +79,27 @@ export type RotatedEvent = z.output<typeof rotatedEvent>;
  * holder's), `at` by its clock. The fields of the rotated event it acknowledges.
  */
 export const acknowledgedEvent = rotatedEvent;
+
+/** The subject a node's checks go to (docs/presence.md §16.5): each node publishes its own only. */
+export const checkedSubject = (node: string) => `mesh-provisioner.checked.${node}`;
+/** A check's reason: one CamelCase word (`Unreachable`, `AuthFailed`, `Timeout`). */
+export const CHECK_REASON = /^[A-Z][A-Za-z0-9]*$/;
+/** A failing check's reason when it gives none. */
+export const DEFAULT_CHECK_REASON = "CheckFailed";
+
+/**
+ * `mesh-provisioner.checked.<node>` (docs/presence.md §16.5): `{ module, provision, ok, reason?,
+ * message?, revision?, at }`: the module on the node checked a provision it holds (reached the
+ * provider, and the credential it holds was accepted) at `at`, with `revision` of it. A message
+ * longer than {@link MAX_WORD} is cut when kept, never refused.
+ */
+export const checkedEvent = z.object({
+  module: token,
+  provision: token.check(z.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /")),
+  ok: z.boolean(),
+  reason: z.optional(z.string().check(z.regex(CHECK_REASON, "must be one CamelCase word (AuthFailed)"), z.maxLength(64))),
+  message: z.optional(z.string()),
+  revision: z.optional(z.string().check(z.minLength(1, "must name the revision checked"), z.maxLength(MAX_REVISION))),
+  at: rfc3339,
+});
+export type CheckedEvent = z.output<typeof checkedEvent>;

@@ -87,6 +87,7 @@ export const SHAPES = {
   failing: ["provider", "machine", "consumer"],
   assignments: ["node", "module"],
   presence: ["node"],
+  checks: ["node", "module", "provision"],
 } as const;
 
 /** A bucket's key shape, by the bucket's name in {@link SHAPES}. */

@@ -10,9 +10,9 @@ export const PRESENCE_EVERY_SECONDS = 15;
 /** The longest `client` kept, in characters. */
 export const MAX_CLIENT = 256;
 
-/** `{ everySeconds, client? }`: at least how often the node writes it, in seconds, and what writes it (a name and version). */
+/** `{ everySeconds, client? }`: at least how often the node writes it, in seconds (1 to 86,400), and what writes it. */
 export const presenceValue = z.object({
-  everySeconds: z.number().check(z.positive("must be a positive number of seconds"), z.maximum(86_400, "must be at most a day")),
+  everySeconds: z.number().check(z.minimum(1, "must be at least 1 second"), z.maximum(86_400, "must be at most a day")),
   client: z.optional(z.string().check(z.maxLength(MAX_CLIENT))),
 });
 export type PresenceValue = z.output<typeof presenceValue>;

@@ -1,7 +1,9 @@
 import { defineFunction } from "../runtime/index.ts";
+import { checksOf } from "./_lib/checks.ts";
 import {
   alertsConfig,
   alertsOf,
+  checkAlerts,
   moduleAlerts,
   nodeAlerts,
   postAlerts,
@@ -17,7 +19,7 @@ let raisedModules = new Map<string, PostableAlert>();
 /**
  * docs/failing.md §5 (optional): raises every failing triple to Prometheus Alertmanager and
  * resolves it on recovery, every module that counts against the mesh (docs/state.md §7.6) and
- * every unreachable node (docs/presence.md §16.3),
+ * every unreachable node and failing check (docs/presence.md §16.3, §16.5),
  * sending the whole state again every 30 seconds. Off while `alerts.alertmanager` is unset. It
  * reads the follower's state, so Alertmanager being down never holds the follower.
  */
@@ -36,6 +38,7 @@ export default defineFunction({
       ...moduleAlerts(provisioningOf(model, now, graceSeconds).notWell, now),
       ...staleAlerts(staleHoldersOf(model, now), now),
       ...nodeAlerts(nodesStatusOf(model, now).unreachable, now),
+      ...checkAlerts(checksOf(await ctx.views.checks.list(">")).checks, now),
     ]);
     const modules = raisedAlerts(firing, raisedModules, now);
     const alerts = [...alertsOf(await ctx.views.failing.records(">"), now), ...modules.alerts];

@@ -2,6 +2,7 @@ import { defineFunction, WithStatus } from "../runtime/index.ts";
 import {
   CONDITIONS,
   conditionsAt,
+  failingChecksOf,
   NO_PROVISIONING,
   nodesStatusOf,
   PRESENCES,
@@ -9,6 +10,7 @@ import {
   provisioningOf,
   readModel,
   staleHoldersOf,
+  stateAt,
   STATE_VIEWS,
   STATES,
 } from "./_lib/state.ts";
@@ -62,6 +64,25 @@ export default defineFunction({
         return PRESENCES.map((presence) => ({ labels: { presence }, value: counts[presence] }));
       },
     },
+    checks: {
+      type: "gauge",
+      help: "Kept checks by result: ok, failing, unconfirmed (their node not reachable; counted in ok or failing too) (docs/presence.md §16.5)",
+      labels: ["result"],
+      collect: async (ctx) => {
+        const { model } = await readModel(ctx, { stale: true });
+        const now = ctx.clock.now();
+        let unconfirmed = 0;
+        for (const m of model.modules.values()) {
+          if (m.checks.ok + m.checks.failing > 0)
+            unconfirmed += stateAt(model, m, now, ctx.config.provisioning.graceSeconds).checks.unconfirmed;
+        }
+        return [
+          { labels: { result: "ok" }, value: model.checks.ok },
+          { labels: { result: "failing" }, value: model.checks.failing },
+          { labels: { result: "unconfirmed" }, value: unconfirmed },
+        ];
+      },
+    },
     module_conditions: {
       type: "gauge",
       help: "Modules carrying each condition (docs/state.md §7), Late included",
@@ -82,14 +103,24 @@ export default defineFunction({
         ? provisioningOf(model, ctx.clock.now(), graceSeconds, { node: request.machine, module: request.consumer })
         : NO_PROVISIONING;
     const stale = staleHoldersOf(model, ctx.clock.now(), { provider: request.provider, node: request.machine, module: request.consumer });
-    // Narrowed by provider, of no node; by machine, of that node.
-    const nodes = request.provider === undefined ? nodesStatusOf(model, ctx.clock.now(), { node: request.machine }) : NO_NODES;
+    // Narrowed by provider, or by consumer alone, of no node (a consumer's node said by its Unconfirmed); by machine, of that node.
+    const nodes =
+      request.provider === undefined && (request.machine !== undefined || request.consumer === undefined)
+        ? nodesStatusOf(model, ctx.clock.now(), { node: request.machine })
+        : NO_NODES;
     const status = await readStatus(
       request,
       { failing: inputs.failing.reads, registry: inputs.registry.reads },
       runtime,
       ctx.limits.maxPayload,
-      { provisioning, stale, nodes },
+      {
+        provisioning,
+        stale,
+        nodes,
+        checks: {
+          failing: request.provider === undefined ? failingChecksOf(model, { node: request.machine, module: request.consumer }) : 0,
+        },
+      },
     );
     return new WithStatus(status.well ? 200 : 503, status);
   },

@@ -21,8 +21,10 @@ const replicas = z.union([z.literal(1), z.literal(3), z.literal(5)], "must be 1,
 const bucketSchema = z.strictObject({
   /** The JetStream key-value bucket's name. */
   bucket: name,
-  /** Who writes it: the seat itself, each node its own `<node>` and `<node>.>` keys, or the controller all of it (docs/buckets.md §2). */
+  /** Who writes it: the seat itself, each node its own keys, or the controller all of it (docs/buckets.md §2). */
   writtenBy: z.enum(["seat", "nodes", "controller"]),
+  /** Of a bucket nodes write, each node's keys: those under `<node>.` (`under`, when absent), or its one key `<node>` (`own`). */
+  nodeKeys: z.enum(["under", "own"]).optional(),
   /** Who else reads all of it: nodes (e.g. the registry), providers (e.g. the needs). */
   readBy: z.array(z.enum(["nodes", "providers"])).default([]),
   /** Values kept per key. */
@@ -129,12 +131,14 @@ export const configSchema = z.looseObject({
       receive: z.array(subjectOf("{provider}")).default([]),
     })
     .default({ publish: [], receive: [] }),
-  /** What the seat publishes to every node: subjects, `{node}` standing for its name. */
-  nodes: z.strictObject({ receive: z.array(subjectOf("{node}")).default([]) }).default({ receive: [] }),
+  /** What every node may publish and what the seat publishes to it: subjects, `{node}` standing for its name. */
+  nodes: z
+    .strictObject({ publish: z.array(subjectOf("{node}")).default([]), receive: z.array(subjectOf("{node}")).default([]) })
+    .default({ publish: [], receive: [] }),
   /** The embedded nats-server's users besides the seat. */
   embedded: z
     .strictObject({
-      /** One user per node: writes its own `<node>` and `<node>.>` keys of node-written buckets. */
+      /** One user per node: writes its own keys of node-written buckets. */
       nodes: z.array(nodeName).default([]),
       /** One user per provider. */
       providers: z.array(nodeName).default([]),

@@ -115,8 +115,10 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
 
 /**
  * A node client's permissions, in its own account (docs/buckets.md §2, docs/runtime.md §6.7):
- * write its own keys of the node-written buckets (`<node>` and `<node>.>`), get them back, and open those
- * buckets (their stream's info); get keys of the buckets read by nodes (the registry); ask the
+ * write its own keys of the node-written buckets (`<node>.>`, or its key `<node>` alone where the
+ * bucket's `nodeKeys` is `own`), get them back, and open those
+ * buckets (their stream's info); publish the config's `nodes.publish` subjects for itself
+ * (`{node}` replaced by its name); get keys of the buckets read by nodes (the registry); ask the
  * seat's verbs; receive replies on its own `_INBOX.<node>.>`. Every subject it publishes is one
  * its account imports from the seat's: it cannot touch another node's keys, write a seat bucket,
  * or make a consumer.
@@ -127,13 +129,15 @@ export function nodePermissions(node: string, config: Config, functions: readonl
     publish: {
       allow: unique([
         "$JS.API.INFO",
-        ...own.flatMap(({ bucket }) => [
-          `$KV.${bucket}.${node}`,
-          `$KV.${bucket}.${node}.>`,
-          `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}`,
-          `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${node}.>`,
-          `$JS.API.STREAM.INFO.${kvStream(bucket)}`,
-        ]),
+        ...config.nodes.publish.map((subject) => subject.replaceAll("{node}", node)),
+        ...own.flatMap(({ bucket, nodeKeys }) => {
+          const key = nodeKeys === "own" ? node : `${node}.>`;
+          return [
+            `$KV.${bucket}.${key}`,
+            `$JS.API.DIRECT.GET.${kvStream(bucket)}.$KV.${bucket}.${key}`,
+            `$JS.API.STREAM.INFO.${kvStream(bucket)}`,
+          ];
+        }),
         ...Object.values(config.buckets)
           .filter((b) => b.readBy.includes("nodes"))
           .flatMap(({ bucket }) => getsOf(bucket)),

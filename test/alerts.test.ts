@@ -82,18 +82,18 @@ describe("Alertmanager", () => {
 
   it("raises an unreachable node as NodeUnreachable, and resolves it once the node writes presence again (docs/presence.md §16.3)", async () => {
     const presence = await bus.kv("presence", "dogwood");
-    await presence.put("dogwood", JSON.stringify({ everySeconds: 0.1 }));
+    await presence.put("dogwood", JSON.stringify({ everySeconds: 1 }));
     const lastSeen = (await presence.get("dogwood"))!.created;
     const dogwood = () => received.flat().filter((a) => a.labels.alertname === "NodeUnreachable" && a.labels.node === "dogwood");
     await invoke(set.runner, alerts);
     expect(dogwood()).toEqual([]);
-    // Time alone: one second (the TTL, longer than three periods of 0.1 s) with no write.
-    await new Promise((r) => setTimeout(r, Math.max(0, lastSeen.getTime() + 1100 - Date.now())));
+    // Time alone: three seconds (three periods of 1 s, longer than the TTL of 1 s) with no write.
+    await new Promise((r) => setTimeout(r, Math.max(0, lastSeen.getTime() + 3100 - Date.now())));
     await invoke(set.runner, alerts);
     expect(dogwood().at(-1)).toEqual({
       labels: { alertname: "NodeUnreachable", node: "dogwood" },
       annotations: { summary: `node dogwood is unreachable: no presence since ${lastSeen.toISOString()}` },
-      startsAt: new Date(lastSeen.getTime() + 1000).toISOString(),
+      startsAt: new Date(lastSeen.getTime() + 3000).toISOString(),
     });
     await presence.put("dogwood", JSON.stringify({ everySeconds: 60 }));
     await invoke(set.runner, alerts);

@@ -168,6 +168,7 @@ describe("the seat's permissions, derived from the functions", () => {
       expect(subject).not.toMatch(/^\$JS\.(API\.)?>$|^\$KV\.>$|^>$/);
     }
     expect(publish.allow.filter((s) => s.startsWith("$KV."))).toEqual([
+      "$KV.mesh-provisioner_checks.>",
       "$KV.mesh-provisioner_rotations.>",
       "$KV.mesh-provisioner_failing.>",
       "$KV.mesh-provisioner_registry.>",

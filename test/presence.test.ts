@@ -9,7 +9,7 @@ import { request, startSet, testBus, until } from "./helpers.ts";
 
 // docs/presence.md §16: a node unreachable once neither the TTL nor three of its own periods have
 // passed since the server stored its last presence write.
-const TTL_SECONDS = 2;
+const TTL_SECONDS = 3;
 let bus: TestBus;
 let set: Running;
 let seat: NatsConnection;
@@ -17,7 +17,7 @@ let controller: KV;
 const presence: Record<string, KV> = {};
 const applied: Record<string, KV> = {};
 const needs: Record<string, KV> = {};
-const NODES = ["alder", "birch", "cedar", "dogwood"];
+const NODES = ["alder", "birch", "cedar", "dogwood", "elm"];
 
 beforeAll(async () => {
   bus = await testBus({ nodes: NODES });
@@ -49,7 +49,7 @@ const wellModule = async (node: string, module: string, need: Record<string, unk
   await needs[node]!.put(`${node}.${module}.config.x`, JSON.stringify(need));
   await applied[node]!.put(`${node}.${module}`, JSON.stringify({}));
 };
-const beHere = (node: string, everySeconds = 0.2, extra: Record<string, unknown> = {}) =>
+const beHere = (node: string, everySeconds = 1, extra: Record<string, unknown> = {}) =>
   presence[node]!.put(node, JSON.stringify({ everySeconds, client: "test", ...extra }));
 
 describe("presence from the server's times (docs/presence.md §16.1)", () => {
@@ -73,7 +73,7 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
   it("is reachable from the server's time of the write, whatever time the node's value claims", async () => {
     await wellModule("birch", "caddy");
     // A node whose clock is a year behind: the value's own time is never read.
-    await beHere("birch", 0.2, { at: "2025-01-01T00:00:00Z" });
+    await beHere("birch", 1, { at: "2025-01-01T00:00:00Z" });
     const stored = (await presence.birch!.get("birch"))!.created.toISOString();
     expect(await nodeOf("birch")).toEqual({
       key: "birch",
@@ -81,7 +81,7 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
       presence: "reachable",
       since: null,
       lastSeen: stored,
-      everySeconds: 0.2,
+      everySeconds: 1,
       client: "test",
       modules: 1,
     });
@@ -93,7 +93,7 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
     await beHere("cedar");
     const lastSeen = (await presence.cedar!.get("cedar"))!.created;
     expect((await nodeOf("cedar"))!.presence).toBe("reachable");
-    // No write at all from here on: the TTL (2 s, longer than three periods of 0.2 s) alone.
+    // No write at all from here on: the TTL (3 s, three periods of 1 s) alone.
     await until(async () => (await nodeOf("cedar"))!.presence === "unreachable", 10_000);
     const since = new Date(lastSeen.getTime() + TTL_SECONDS * 1000).toISOString();
     expect(await nodeOf("cedar")).toMatchObject({ presence: "unreachable", since, lastSeen: lastSeen.toISOString() });
@@ -103,7 +103,7 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
       {
         type: "Unconfirmed",
         reason: "NodeUnreachable",
-        message: `node cedar is unreachable: no presence since ${lastSeen.toISOString()}, so its applied record and checks are not confirmed`,
+        message: `node cedar is unreachable: no presence since ${lastSeen.toISOString()}, so nothing it recorded is confirmed`,
         since,
       },
     ]);
@@ -128,30 +128,34 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
     expect(new Date(wrote + 180_000).toISOString() > new Date().toISOString()).toBe(true);
   });
 
-  it("says a value out of shape and still counts the write; a key of another shape is out of shape", async () => {
+  it("says a value out of shape and still counts the write, in what=state and what=nodes", async () => {
     await presence.dogwood!.put("dogwood", "not json");
     expect((await nodeOf("dogwood"))!).toMatchObject({ presence: "reachable", everySeconds: null });
-    const answer = (await verb({ what: "state" })) as { outOfShape: { key: string; reason: string }[] };
-    expect(answer.outOfShape).toContainEqual({ key: "presence:dogwood", reason: expect.stringMatching(/^value is not JSON: /) });
-    await presence.dogwood!.put("dogwood.extra", JSON.stringify({ everySeconds: 1 }));
-    const again = (await verb({ what: "state" })) as { outOfShape: { key: string; reason: string }[] };
-    expect(again.outOfShape).toContainEqual({ key: "presence:dogwood.extra", reason: "presence keys have 1 token, this has 2" });
+    const said = { key: "presence:dogwood", reason: expect.stringMatching(/^value is not JSON: /) };
+    expect(((await verb({ what: "state" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual(said);
+    expect(((await verb({ what: "nodes" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual(said);
+    await presence.dogwood!.put("dogwood", JSON.stringify({ everySeconds: 0.001 }));
+    expect(((await verb({ what: "nodes" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual({
+      key: "presence:dogwood",
+      reason: "value is not { everySeconds, client? }: everySeconds must be at least 1 second",
+    });
     await presence.dogwood!.put("dogwood", JSON.stringify({ everySeconds: 30 }));
-    await presence.dogwood!.delete("dogwood.extra");
     const mended = (await verb({ what: "state" })) as { outOfShape: { key: string }[] };
     expect(mended.outOfShape.filter((o) => o.key.startsWith("presence:"))).toEqual([]);
   });
 
-  it("refuses a node writing another node's presence (the server's permissions)", async () => {
+  it("refuses a node writing another node's presence, a key under its own, or its bare name in another bucket (the server's permissions)", async () => {
     await expect(presence.alder!.put("birch", JSON.stringify({ everySeconds: 15 }))).rejects.toThrow(/permission|timeout/i);
+    await expect(presence.alder!.put("alder.extra", JSON.stringify({ everySeconds: 15 }))).rejects.toThrow(/permission|timeout/i);
+    await expect(needs.alder!.put("alder", "{}")).rejects.toThrow(/permission|timeout/i);
   });
 });
 
 describe("ProviderUnreachable (docs/presence.md §16.2)", () => {
   it("names a need whose provider's every node is unreachable, and ends when one of them writes again", async () => {
     // The provider `vault` on alder and birch; its consumer on dogwood.
-    await beHere("alder", 0.2);
-    await beHere("birch", 0.2);
+    await beHere("alder");
+    await beHere("birch");
     await beHere("dogwood", 60);
     await wellModule("alder", "vault");
     await wellModule("birch", "vault");
@@ -186,16 +190,26 @@ describe("the client library writes presence (docs/client.md §9.1)", () => {
       servers: bus.url,
       node: "alder",
       credentials: { password: bus.server.users.alder!.password },
-      presence: { everySeconds: 0.5 },
+      presence: { everySeconds: 1 },
     });
     await until(async () => (await presence.alder!.get("alder"))?.json<{ client?: string }>().client === "mesh-provisioner client");
     const first = (await presence.alder!.get("alder"))!.revision;
     await until(async () => (await presence.alder!.get("alder"))!.revision > first);
-    expect((await nodeOf("alder"))!.everySeconds).toBe(0.5);
+    expect((await nodeOf("alder"))!.everySeconds).toBe(1);
     await client.close();
     const last = (await presence.alder!.get("alder"))!.revision;
     await new Promise((r) => setTimeout(r, 1500));
     expect((await presence.alder!.get("alder"))!.revision).toBe(last);
+  });
+
+  it("retire() deletes the node's key: silent, never unreachable", async () => {
+    await wellModule("elm", "motd");
+    const client = await connectNode({ servers: bus.url, node: "elm", credentials: { password: bus.server.users.elm!.password } });
+    await until(async () => (await nodeOf("elm"))?.presence === "reachable");
+    await client.retire();
+    await client.close();
+    expect(await nodeOf("elm")).toMatchObject({ presence: "silent", lastSeen: null, modules: 1 });
+    expect((await stateOf("elm", "motd")).conditions).toEqual([]);
   });
 
   it("refuses a bad period with a ClientArgumentError", async () => {

@@ -44,7 +44,7 @@ describe("the request (docs/verb.md §4)", () => {
 
   it("names every field that does not apply, and what it narrows", () => {
     expect(refusal({ what: "registry", node: "n1", contributor: "docker" })).toBe(
-      "node: does not apply to what=registry (it narrows needs, applied, collect, state, nodes, holders); " +
+      "node: does not apply to what=registry (it narrows needs, applied, collect, state, nodes, checks, holders); " +
         "contributor: does not apply to what=registry (it narrows collect)",
     );
   });

@@ -41,6 +41,7 @@ describe("the NATS service", () => {
       "collect",
       "state",
       "nodes",
+      "checks",
       "holders",
       "rotations",
       "history",
@@ -60,6 +61,7 @@ describe("the NATS service", () => {
       "provisioning",
       "stale",
       "nodes",
+      "checks",
     ]);
     expect(endpoints.status!.metadata!.description).toMatch(/^Answers mesh-provisioner\.status/);
   });

@@ -80,6 +80,7 @@ describe("status as the CLI prints it", () => {
     },
     stale: [],
     nodes: { counts: { reachable: 0, unreachable: 0, silent: 0 }, unreachable: [] },
+    checks: { failing: 0 },
   });
 
   it("says how long each has failed, in two units", () => {

@@ -4,6 +4,7 @@ import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp, type AnswerO
 import { asJson, positive, print, type AddCommand } from "../program.ts";
 import { formatStates } from "../state.ts";
 import { formatNodes } from "../nodes.ts";
+import { formatChecks } from "../checks.ts";
 
 /** How `ask` shows the answer to each `what` without `--json`: a table, or JSON where it has none. */
 const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => string } = {
@@ -13,6 +14,7 @@ const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => stri
   collect: formatAnswer,
   state: formatStates,
   nodes: formatNodes,
+  checks: formatChecks,
   holders: asJson,
   rotations: asJson,
   history: asJson,

@@ -5,6 +5,7 @@ import { keptOf } from "./follower.ts";
 import { decodeKey } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
+import type { Check } from "./checks.ts";
 import { sameJson } from "./text.ts";
 
 /** The alert name every failing triple is raised under. */
@@ -172,6 +173,29 @@ export function nodeAlerts(
       labels: { alertname: NODE_ALERTNAME, node: n.node },
       annotations: { summary: `node ${n.node} is unreachable: no presence since ${n.lastSeen}` },
       startsAt: notLater(n.since, now),
+    });
+  }
+  return firing;
+}
+
+/** The alert name every failing check is raised under (docs/presence.md §16.5). */
+export const CHECK_ALERTNAME = "ProvisioningCheckFailing";
+
+/**
+ * The firing alerts of the failing checks (docs/presence.md §16.5), by check key: labels `node`,
+ * `module`, `provision`, `reason`; `startsAt` its streak's start.
+ */
+export function checkAlerts(failing: readonly Check[], now: Date): Map<string, PostableAlert> {
+  const firing = new Map<string, PostableAlert>();
+  for (const c of failing) {
+    if (c.ok) continue;
+    const reason = c.reason ?? "CheckFailed";
+    firing.set(`check:${c.key}`, {
+      labels: { alertname: CHECK_ALERTNAME, node: c.node, module: c.module, provision: c.provision, reason },
+      annotations: {
+        summary: `${c.module} on ${c.node} fails its check of ${c.provision}: ${reason}${c.message === null ? "" : `: ${c.message}`}`,
+      },
+      startsAt: notLater(c.since, now),
     });
   }
   return firing;

@@ -112,7 +112,12 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     { failing: inputs.failing.reads, registry: inputs.registry.reads },
     runtime,
     Number.MAX_SAFE_INTEGER,
-    { provisioning: provisioningOf(model, now, graceSeconds), stale: staleHoldersOf(model, now), nodes: nodesStatusOf(model, now) },
+    {
+      provisioning: provisioningOf(model, now, graceSeconds),
+      stale: staleHoldersOf(model, now),
+      nodes: nodesStatusOf(model, now),
+      checks: { failing: model.checks.failing },
+    },
   );
   const { node, module, provider } = query;
   const nodes = new Set<string>();

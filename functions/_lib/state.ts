@@ -38,6 +38,7 @@ export { readModel, snapshotsOf, type StateContext } from "./state/current.ts";
 export {
   conditionsAt,
   countsAgainstAt,
+  failingChecksOf,
   modulesOf,
   moduleStateAt,
   nodesAt,

@@ -48,6 +48,8 @@ export interface Status {
   readonly stale: StaleHolder[];
   /** Nodes by presence, and the unreachable ones (docs/presence.md §16.3). */
   readonly nodes: NodesStatus;
+  /** How many kept checks fail (docs/presence.md §16.5): each also a module's `CheckFailing`. */
+  readonly checks: { readonly failing: number };
 }
 
 /** The nodes of a status that speaks of no node (narrowed by provider). */
@@ -115,6 +117,7 @@ export const statusAnswer = z.object({
     counts: z.object(Object.fromEntries(PRESENCES.map((p) => [p, z.number().int()])) as Record<(typeof PRESENCES)[number], z.ZodNumber>),
     unreachable: z.array(z.object({ node: z.string(), since: z.string(), lastSeen: z.string() })),
   }),
+  checks: z.object({ failing: z.number().int() }),
 }) satisfies z.ZodType<Status>;
 
 /**
@@ -159,9 +162,14 @@ export async function readStatus(
   buckets: { failing: ReadBucket; registry: ReadBucket },
   runtime: { lastRun(name: string): Promise<{ at: Date } | null>; refusedEvents(): Promise<{ count: number }>; store(): StoreUse },
   maxPayload: number,
-  of: { readonly provisioning: Provisioning; readonly stale: StaleHolder[]; readonly nodes: NodesStatus },
+  of: {
+    readonly provisioning: Provisioning;
+    readonly stale: StaleHolder[];
+    readonly nodes: NodesStatus;
+    readonly checks: { readonly failing: number };
+  },
 ): Promise<Status> {
-  const { provisioning, stale, nodes } = of;
+  const { provisioning, stale, nodes, checks } = of;
   const [entries, kinds, compiled, refused] = await Promise.all([
     buckets.failing.list(filtersFor("failing", request)),
     buckets.registry.list(">"),
@@ -187,6 +195,7 @@ export async function readStatus(
     provisioning,
     stale,
     nodes,
+    checks,
   };
   return fitted(status, maxPayload - HEADROOM);
 }

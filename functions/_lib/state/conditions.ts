@@ -47,7 +47,7 @@ const conditionOf = (type: ConditionType, reason: string, parts: readonly string
 });
 
 /** `Late`: never-ran or pending past `graceSeconds`; `lateAt` in ms since the epoch. */
-export function lateCondition(module: Omit<ModuleState, "presence">, lateAt: number, graceSeconds: number): Condition {
+export function lateCondition(module: Omit<ModuleState, "presence" | "checks">, lateAt: number, graceSeconds: number): Condition {
   const waiting =
     module.state === "never-ran"
       ? "no applied record and no needs"
@@ -105,9 +105,7 @@ export function unconfirmedCondition(node: string, since: number, lastSeen: numb
   return conditionOf(
     "Unconfirmed",
     "NodeUnreachable",
-    [
-      `node ${node} is unreachable: no presence since ${new Date(lastSeen).toISOString()}, so its applied record and checks are not confirmed`,
-    ],
+    [`node ${node} is unreachable: no presence since ${new Date(lastSeen).toISOString()}, so nothing it recorded is confirmed`],
     new Date(since).toISOString(),
   );
 }
@@ -131,6 +129,34 @@ export function providerUnreachableCondition(
     parts,
     new Date(Math.min(...needs.map((n) => n.since))).toISOString(),
   );
+}
+
+/** A failing check of a module (docs/presence.md §16.5), and whether the module holds the newest rotation of its provision. */
+export interface FailingCheck {
+  readonly provision: string;
+  readonly reason: string;
+  readonly message: string | null;
+  readonly revision: string | null;
+  /** Its streak's start (RFC 3339). */
+  readonly since: string;
+  /** Whether the revision checked is the newest a rotation of the provision reaching the module named. */
+  readonly caughtUp: boolean;
+}
+
+/**
+ * `CheckFailing`: the module's newest check of each of these provisions is not ok; `reason` the
+ * first one's. One of reason `AuthFailed` on a holder caught up with the newest rotation says so:
+ * the frozen password (docs/presence.md §16.5).
+ */
+export function checkFailingCondition(failing: readonly FailingCheck[]): Condition | undefined {
+  if (failing.length === 0) return undefined;
+  const parts = failing.map(
+    (c) =>
+      `check of ${c.provision} fails: ${c.reason}${c.message === null ? "" : `: ${c.message}`}` +
+      (c.revision === null ? "" : ` (revision ${c.revision})`) +
+      (c.caughtUp && c.reason === "AuthFailed" ? "; it holds the newest revision: the provider does not accept it" : ""),
+  );
+  return conditionOf("CheckFailing", failing[0]!.reason, parts, failing.map((c) => c.since).sort()[0]!);
 }
 
 /** `Stale`: holders of a rotated provision not on its new revision past the rotation's grace (docs/rotation.md §8.3). */

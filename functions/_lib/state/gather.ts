@@ -9,6 +9,7 @@ import { appliedIndex, appliedOf } from "../applied.ts";
 import { failingOf } from "../follower.ts";
 import { heldIn, holdersIndex } from "../holders.ts";
 import { rotationsIn, rotationStates } from "../rotation.ts";
+import { checksOf, type Check } from "../checks.ts";
 import type { FailingProvider } from "./conditions.ts";
 import type { OutOfShapeKey, StateInputs, TimedStaleHolder } from "./vocabulary.ts";
 
@@ -170,4 +171,27 @@ export async function staleByModule(
     }
   }
   return { rotations: rotations.length, byModule };
+}
+
+/** The kept checks of each module `<node>.<module>` (docs/presence.md §16.5), in provision order. */
+export async function checksByModule(checks: Snapshot): Promise<Map<string, readonly Check[]>> {
+  const byModule = new Map<string, Check[]>();
+  for (const c of checksOf(await checks.reads.list(">")).checks) {
+    const key = `${c.node}.${c.module}`;
+    byModule.set(key, [...(byModule.get(key) ?? []), c]);
+  }
+  return byModule;
+}
+
+/**
+ * The revision of the newest rotation reaching each holder (docs/rotation.md §8.2): by
+ * `<provision>` for a rotation of every holder, and by `<provision> <node>.<module>` for one of
+ * a single holder's.
+ */
+export async function rotatedRevisions(rotations: Snapshot): Promise<Map<string, string>> {
+  const newest = new Map<string, string>();
+  for (const r of (await rotationsIn(rotations.reads)).rotations) {
+    newest.set(r.machine === undefined ? r.provision : `${r.provision} ${r.machine}.${r.consumer}`, r.revision);
+  }
+  return newest;
 }

@@ -9,7 +9,16 @@ import { decodeKey } from "../../../contract/keys.ts";
 import { keeping, type Changes } from "../keeping.ts";
 import { byKey, sameJson } from "../text.ts";
 import type { FailingProvider } from "./conditions.ts";
-import { failingByModule, gatherByModule, moduleOfKey, staleByModule, type GatheredRecords } from "./gather.ts";
+import type { Check } from "../checks.ts";
+import {
+  checksByModule,
+  failingByModule,
+  gatherByModule,
+  moduleOfKey,
+  rotatedRevisions,
+  staleByModule,
+  type GatheredRecords,
+} from "./gather.ts";
 import { presenceOfEntry } from "./presence.ts";
 import {
   isReady,
@@ -48,6 +57,8 @@ interface ModelKeeper extends CrossModuleFacts {
   kinds: ReadonlySet<string>;
   failing: Map<string, readonly FailingProvider[]>;
   stale: Map<string, readonly TimedStaleHolder[]>;
+  checks: Map<string, readonly Check[]>;
+  rotatedTo: Map<string, string>;
   /** How many rotations are kept. */
   rotations: number;
   readonly providerNodes: Map<string, ProviderNodes>;
@@ -69,6 +80,7 @@ const EMPTY_MODEL: Model = {
   counts: zeroCounts(),
   conditions: zeroConditionCounts(),
   staleHolders: 0,
+  checks: { ok: 0, failing: 0 },
   consumers: new BTree<string, TrackedModule>(),
   presence: new BTree<string, NodePresence>(),
   nodes: new BTree<string, number>(),
@@ -89,6 +101,8 @@ function applyChanges(
   now: {
     failing?: Map<string, readonly FailingProvider[]>;
     stale?: { rotations: number; byModule: Map<string, readonly TimedStaleHolder[]> };
+    checks?: Map<string, readonly Check[]>;
+    rotatedTo?: Map<string, string>;
   },
   noModuleChanged: ReadonlyMap<string, OutOfShapeKey | null>,
   presenceChanged: ReadonlyMap<string, NodePresence | null> = new Map(),
@@ -116,7 +130,19 @@ function applyChanges(
   const counts = { ...before.counts };
   const conditions = { ...before.conditions };
   let { staleHolders } = before;
+  const checks = { ...before.checks };
   const remake = new Set<string>();
+  if (now.checks !== undefined) {
+    for (const key of differing(keeper.checks, now.checks)) remake.add(key);
+    keeper.checks = now.checks;
+  }
+  if (now.rotatedTo !== undefined) {
+    // What a failing check says depends on the newest revision of its provision.
+    if (!sameJson([...keeper.rotatedTo], [...now.rotatedTo])) {
+      for (const [key, list] of keeper.checks) if (list.some((c) => !c.ok)) remake.add(key);
+    }
+    keeper.rotatedTo = now.rotatedTo;
+  }
   if (now.failing !== undefined) {
     for (const key of differing(keeper.failing, now.failing)) remake.add(key);
     keeper.failing = now.failing;
@@ -169,6 +195,8 @@ function applyChanges(
       counts[old.base.state]--;
       for (const c of old.base.conditions) conditions[c.type]--;
       staleHolders -= old.stale.length;
+      checks.ok -= old.checks.ok;
+      checks.failing -= old.checks.failing;
       watched.delete(key);
       consumers.delete(key);
       countNode(key, -1);
@@ -184,13 +212,15 @@ function applyChanges(
     counts[tracked.base.state]++;
     for (const c of tracked.base.conditions) conditions[c.type]++;
     staleHolders += tracked.stale.length;
+    checks.ok += tracked.checks.ok;
+    checks.failing += tracked.checks.failing;
     if (isWatched(tracked)) watched.set(key, tracked);
     if (tracked.providerNeeds.length > 0) consumers.set(key, tracked);
   }
   const outOfShape = !answerOutOfShapeChanged
     ? before.outOfShape
     : [...keeper.noModuleOutOfShape.values(), ...[...keeper.parts.values()].flatMap((p) => p.answerOutOfShape)].sort(byKey);
-  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders, consumers, presence, nodes };
+  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders, checks, consumers, presence, nodes };
   return keeper.model;
 }
 
@@ -233,7 +263,7 @@ async function makeKeeper(
   rotationGraceSeconds: number,
   presenceTtlSeconds: number,
 ): Promise<ModelKeeper> {
-  const [assignments, needs, applied, registry, failing, stale, presenceEntries] = await Promise.all([
+  const [assignments, needs, applied, registry, failing, stale, presenceEntries, checks, rotatedTo] = await Promise.all([
     inputs.assignments.reads.records(">"),
     liveRecords(inputs.needs.reads.records(">")),
     liveRecords(inputs.applied.reads.records(">")),
@@ -241,6 +271,8 @@ async function makeKeeper(
     failingByModule(inputs.failing),
     staleByModule(inputs, rotationGraceSeconds),
     inputs.presence.reads.list(">"),
+    checksByModule(inputs.checks),
+    rotatedRevisions(inputs.rotations),
   ]);
   const keeper: ModelKeeper = {
     graceSeconds,
@@ -251,6 +283,8 @@ async function makeKeeper(
     kinds: new Set(registry.map((e) => e.key)),
     failing: new Map(),
     stale: new Map(),
+    checks: new Map(),
+    rotatedTo: new Map(),
     rotations: 0,
     providerNodes: new Map(),
     consumersByProvider: new Map(),
@@ -278,7 +312,14 @@ async function makeKeeper(
     const gathered = gatherByModule(batch.assignments, batch.needs, batch.applied);
     const regathered = new Set([...gathered.byModule.keys(), ...gathered.answerOutOfShape.keys()]);
     const noModule = first ? new Map([...gathered.noModuleOutOfShape, ...presence.outOfShape]) : gathered.noModuleOutOfShape;
-    applyChanges(keeper, gathered, regathered, first ? { failing, stale } : {}, noModule, first ? presence.changed : undefined);
+    applyChanges(
+      keeper,
+      gathered,
+      regathered,
+      first ? { failing, stale, checks, rotatedTo } : {},
+      noModule,
+      first ? presence.changed : undefined,
+    );
     first = false;
     // Requests in hand go on between batches.
     await new Promise((resolve) => setImmediate(resolve));
@@ -310,7 +351,7 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     }
   }
   const staleChanged = changes.rotations.length > 0 || (keeper.rotations > 0 && (changes.needs.length > 0 || changes.applied.length > 0));
-  const [records, noModuleRecords, failing, stale, presenceRead] = await Promise.all([
+  const [records, noModuleRecords, failing, stale, presenceRead, checks, rotatedTo] = await Promise.all([
     Promise.all(
       [...regather].map(async (module) => {
         const [assignment, assignmentsUnder, need, needsUnder, applied, appliedUnder] = await Promise.all([
@@ -338,6 +379,8 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     changes.failing.length > 0 ? failingByModule(inputs.failing) : undefined,
     staleChanged ? staleByModule(inputs, keeper.rotationGraceSeconds) : undefined,
     Promise.all(changes.presence.map(async (key) => (await inputs.presence.reads.get(key)) ?? { key, deleted: true as const })),
+    changes.checks.length > 0 ? checksByModule(inputs.checks) : undefined,
+    changes.rotations.length > 0 ? rotatedRevisions(inputs.rotations) : undefined,
   ]);
   const presence = presenceChanges(presenceRead, keeper.presenceTtlSeconds);
   const gathered = gatherByModule(
@@ -355,7 +398,12 @@ async function updateKeeper(keeper: ModelKeeper, inputs: StateInputs, changes: C
     keeper,
     gathered,
     regather,
-    { ...(failing === undefined ? {} : { failing }), ...(stale === undefined ? {} : { stale }) },
+    {
+      ...(failing === undefined ? {} : { failing }),
+      ...(stale === undefined ? {} : { stale }),
+      ...(checks === undefined ? {} : { checks }),
+      ...(rotatedTo === undefined ? {} : { rotatedTo }),
+    },
     noModuleChanged,
     presence.changed,
   );

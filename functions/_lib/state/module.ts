@@ -3,7 +3,9 @@
  * keeper holds of it between updates (its parts), and the module tracked in the model, its
  * conditions made from its parts and from what the keeper knows of other modules and buckets.
  */
+import type { Check } from "../checks.ts";
 import {
+  checkFailingCondition,
   outOfShapeCondition,
   providerFailingCondition,
   providerNotAssignedCondition,
@@ -42,7 +44,7 @@ export interface ModuleParts {
   /** The keys out of shape it puts in the answer's `outOfShape` (all of its own when it is not listed). */
   readonly answerOutOfShape: readonly OutOfShapeKey[];
   /** Its state without conditions (`listed` only). */
-  readonly base?: Omit<ModuleState, "conditions" | "presence">;
+  readonly base?: Omit<ModuleState, "conditions" | "presence" | "checks">;
   readonly since?: Date;
   readonly unanswerable?: Condition | undefined;
   readonly outOfShape?: Condition | undefined;
@@ -102,6 +104,10 @@ export interface CrossModuleFacts {
   readonly stale: ReadonlyMap<string, readonly TimedStaleHolder[]>;
   /** Where each module name is assigned and ready, by module name. */
   readonly providerNodes: ReadonlyMap<string, ProviderNodes>;
+  /** The kept checks of each module, by key (docs/presence.md §16.5). */
+  readonly checks: ReadonlyMap<string, readonly Check[]>;
+  /** The newest rotated revision by provision, and by `<provision> <node>.<module>` for one holder's ({@link rotatedRevisions}). */
+  readonly rotatedTo: ReadonlyMap<string, string>;
 }
 
 /** Whether a module is ready as a provider: applied, or declares nothing. */
@@ -115,11 +121,26 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
     const p = facts.providerNodes.get(n.provider);
     return p !== undefined && p.assigned.size > 0 && p.ready.size === 0;
   });
+  const checks = facts.checks.get(key) ?? [];
+  const failingChecks = checks
+    .filter((c) => !c.ok)
+    .map((c) => {
+      const newest = facts.rotatedTo.get(`${c.provision} ${key}`) ?? facts.rotatedTo.get(c.provision);
+      return {
+        provision: c.provision,
+        reason: c.reason ?? "CheckFailed",
+        message: c.message,
+        revision: c.revision,
+        since: c.since,
+        caughtUp: newest !== undefined && c.revision === newest,
+      };
+    });
   const conditions = [
     parts.unanswerable,
     providerFailingCondition(facts.failing.get(key) ?? []),
     providerNotAssignedCondition(notAssigned),
     providerNotReadyCondition(notReady, (provider) => facts.providerNodes.get(provider)!.assigned),
+    checkFailingCondition(failingChecks),
     parts.outOfShape,
   ].filter((c): c is Condition => c !== undefined);
   const { state } = base;
@@ -130,6 +151,7 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
   });
   return {
     base: { ...base, conditions },
+    checks: { ok: checks.length - failingChecks.length, failing: failingChecks.length },
     providerNeeds,
     lateAt: progressing ? parts.since!.getTime() + facts.graceSeconds * 1000 : null,
     countsAgainstAnyTime: conditions.length > 0 || !(progressing || isReady(base)),

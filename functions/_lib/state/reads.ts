@@ -61,12 +61,16 @@ export function stateAt(model: Model, m: TrackedModule, now: Date, graceSeconds:
   const providerUnreachable =
     m.providerNeeds.length === 0 ? undefined : providerUnreachableCondition(unreachableProviderNeeds(model, m, now));
   const added = [late, unconfirmed, providerUnreachable, stale];
-  if (added.every((c) => c === undefined)) return { ...m.base, presence: presence.presence };
+  // A check of a node not reachable is unconfirmed (docs/presence.md §16.5).
+  const unconfirmedChecks = presence.presence === "reachable" ? 0 : m.checks.ok + m.checks.failing;
+  const checks = { ...m.checks, unconfirmed: unconfirmedChecks };
+  if (added.every((c) => c === undefined)) return { ...m.base, presence: presence.presence, checks };
   const some = (c: Condition | undefined): Condition[] => (c === undefined ? [] : [c]);
   return {
     ...m.base,
     conditions: [...some(late), ...m.base.conditions, ...some(unconfirmed), ...some(providerUnreachable), ...some(stale)],
     presence: presence.presence,
+    checks,
   };
 }
 
@@ -197,6 +201,7 @@ export interface NodeEntry {
  */
 export function* nodesAt(model: Model, now: Date, narrowing: { node?: string; after?: string } = {}): Generator<NodeEntry> {
   const { node, after } = narrowing;
+  if (node !== undefined && after !== undefined && after >= node) return;
   const from = node ?? (after === undefined ? undefined : `${after}\u0000`);
   const listed = model.nodes.keys(from)[Symbol.iterator]();
   const present = model.presence.keys(from)[Symbol.iterator]();
@@ -253,4 +258,12 @@ export function nodesStatusOf(model: Model, now: Date, narrowing: { node?: strin
   counts.unreachable = unreachable.length;
   for (const node of model.nodes.keys()) if (!model.presence.has(node)) counts.silent++;
   return { counts, unreachable };
+}
+
+/** How many kept checks fail (docs/presence.md §16.5), of the modules on `node` named `module` when given. */
+export function failingChecksOf(model: Model, narrowing: { node?: string; module?: string } = {}): number {
+  if (narrowing.node === undefined && narrowing.module === undefined) return model.checks.failing;
+  let failing = 0;
+  for (const m of modulesOf(model.modules, narrowing)) failing += m.checks.failing;
+  return failing;
 }

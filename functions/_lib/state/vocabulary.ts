@@ -19,6 +19,7 @@ export const CONDITIONS = [
   "ProviderNotReady",
   "Unconfirmed",
   "ProviderUnreachable",
+  "CheckFailing",
   "Stale",
   "OutOfShape",
 ] as const;
@@ -60,6 +61,8 @@ export interface ModuleState {
   readonly conditions: readonly Condition[];
   /** What is said of its node's presence at the time asked (docs/presence.md §16.1). */
   readonly presence: Presence;
+  /** Its kept checks (docs/presence.md §16.5): how many are ok, failing, and unconfirmed (its node not reachable). */
+  readonly checks: { readonly ok: number; readonly failing: number; readonly unconfirmed: number };
 }
 
 export const conditionSchema = z.object({ type: z.enum(CONDITIONS), reason: z.string(), message: z.string(), since: z.string() });
@@ -75,10 +78,11 @@ export const moduleStateSchema = z.object({
   error: z.string().optional(),
   conditions: z.array(conditionSchema),
   presence: z.enum(PRESENCES),
+  checks: z.object({ ok: z.number().int(), failing: z.number().int(), unconfirmed: z.number().int() }),
 }) satisfies z.ZodType<ModuleState>;
 
 /** The views state reads (docs/state.md §7.1), by their config names: the one list, every other derived from it. */
-export const STATE_VIEWS = ["assignments", "needs", "applied", "registry", "failing", "rotations", "presence"] as const;
+export const STATE_VIEWS = ["assignments", "needs", "applied", "registry", "failing", "rotations", "presence", "checks"] as const;
 export type StateView = (typeof STATE_VIEWS)[number];
 /** The views the state is made of, as snapshots (one freshness check each). */
 export type StateInputs = { readonly [V in StateView]: Snapshot };
@@ -97,7 +101,9 @@ export interface AssignedProviderNeed {
 /** A module as the model tracks it: its state without what depends on the time asked (`Late`, `Stale`, its node's presence). */
 export interface TrackedModule {
   /** Its state and the conditions that do not depend on the time. */
-  readonly base: Omit<ModuleState, "presence">;
+  readonly base: Omit<ModuleState, "presence" | "checks">;
+  /** How many of its kept checks are ok and failing. */
+  readonly checks: { readonly ok: number; readonly failing: number };
   /** Its needs naming a provider module that is assigned. */
   readonly providerNeeds: readonly AssignedProviderNeed[];
   /** When it becomes Late (ms since the epoch): never-ran or pending only. */
@@ -149,6 +155,8 @@ export interface Model {
   readonly conditions: Readonly<Record<ConditionType, number>>;
   /** Stale holders, within their grace or past it. */
   readonly staleHolders: number;
+  /** Kept checks, ok and failing (docs/presence.md §16.5). */
+  readonly checks: { readonly ok: number; readonly failing: number };
   /** The modules with a need naming an assigned provider module, by key: those `ProviderUnreachable` may come to. */
   readonly consumers: Modules;
   /** Every node's last presence write, by node. */

@@ -12,7 +12,7 @@ export const NARROWING_FIELDS = {
   kind: { schema: token, value: "kind", help: "narrow to one kind" },
   contributor: { schema: token, value: "contributor", help: "narrow to one contributor" },
   collection: { schema: collectionName, value: "name", help: "narrow to one collection, by its name (shell:zsh:normal)" },
-  provision: { schema: token, value: "provision", help: "the provision (holders: required; rotations: narrow to one)" },
+  provision: { schema: token, value: "provision", help: "the provision (holders: required; rotations, checks: narrow to one)" },
   provider: { schema: token, value: "provider", help: "narrow to one provider" },
   machine: { schema: token, value: "machine", help: "narrow to one machine (history)" },
   consumer: { schema: token, value: "consumer", help: "narrow to one consumer (history)" },
@@ -37,14 +37,17 @@ export const narrowingSchemas = Object.fromEntries(
   NARROWINGS.map((field) => [field, z.optional(NARROWING_FIELDS[field].schema)]),
 ) as NarrowingSchemas;
 
+/** `true` or `false`: a JSON boolean, or those words in an HTTP query. */
+export const flag = z.union([z.boolean(), z.enum(["true", "false"]).transform((text) => text === "true")], {
+  error: "must be true or false",
+});
+
 /** The fields after the narrowings and each `what`'s own: paging and freshness. */
 export const pagingSchemas = {
   limit: count.default(DEFAULT_LIMIT),
   cursor: z.string().min(1).optional(),
   // Answer from the live view without asking the server whether it is current (docs/verb.md §4.6).
-  stale: z
-    .union([z.boolean(), z.enum(["true", "false"]).transform((text) => text === "true")], { error: "must be true or false" })
-    .optional(),
+  stale: flag.optional(),
 };
 
 /** A request as every `what`'s answerer sees it: its `what`, narrowings, paging and freshness. */

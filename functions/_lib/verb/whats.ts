@@ -22,7 +22,9 @@ import {
 import { HISTORY, historyEntrySchema, historyOf, type HistoryEntry } from "../history.ts";
 import { EVENTS_STREAM } from "../follower.ts";
 import type { RotationState } from "../rotation.ts";
-import type { Narrowing } from "./fields.ts";
+import { flag, type Narrowing } from "./fields.ts";
+import { checksOf, checkValue, type Check } from "../checks.ts";
+import { presenceAt } from "../state/presence.ts";
 import { sequenceBefore } from "./cursors.ts";
 import type { PageItem } from "./page.ts";
 import { what, type View, type WhatEntry } from "./answerer.ts";
@@ -119,7 +121,45 @@ export const WHAT_TABLE = {
           if (presence === undefined || entry.presence === presence) yield { key: entry.node, text: JSON.stringify(entry) };
         }
       }
-      return { items: items(), confirmedAt };
+      // The presence keys out of shape (docs/presence.md §16.1), on an answer narrowed by no node.
+      const outOfShape = node === undefined ? model.outOfShape.filter((o) => o.key.startsWith("presence:")) : [];
+      return { items: items(), outOfShape, confirmedAt };
+    },
+  }),
+  // The kept checks (docs/presence.md §16.5), by key, each confirmed while its node is reachable.
+  checks: what<Check & { confirmed: boolean }, { ok: z.ZodOptional<typeof flag> }>({
+    narrowings: ["node", "module", "provision"],
+    fields: { ok: flag.optional() },
+    schema: checkValue
+      .extend({ key: z.string(), node: z.string(), module: z.string(), provision: z.string(), confirmed: z.boolean() })
+      .describe(
+        "with what=checks: a module's newest check of a provision, its streak, whether its node confirms it (docs/presence.md §16.5)",
+      ),
+    views: STATE_VIEWS,
+    answer: async ({ request, narrowing, cursors, ctx }) => {
+      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale });
+      const now = ctx.clock.now();
+      const reads = request.stale ? ctx.views.checks.local : ctx.views.checks;
+      const filters = filtersFor("checks", narrowing as Partial<Fields<"checks">>);
+      // Read in pages until one more than the page holds passed `ok`, or the keys run out.
+      const items: PageItem[] = [];
+      for (let after = cursors.after; items.length <= request.limit;) {
+        const reached = await reads.list(filters, { after, limit: request.limit + 1 });
+        const { checks, outOfShape } = checksOf(reached);
+        const found: PageItem[] = [
+          ...checks
+            .filter((c) => request.ok === undefined || c.ok === request.ok)
+            .map((c) => ({
+              key: c.key,
+              text: JSON.stringify({ ...c, confirmed: presenceAt(model.presence, c.node, now).presence === "reachable" }),
+            })),
+          ...outOfShape.map((o) => ({ key: o.key, text: JSON.stringify(o), outOfShape: true })),
+        ];
+        items.push(...found.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
+        if (reached.length <= request.limit) break;
+        after = reached.at(-1)!.key;
+      }
+      return { items, confirmedAt };
     },
   }),
   // A provision's holders (docs/rotation.md §8.1).

@@ -1,0 +1,28 @@
+import type { NatsConnection } from "nats";
+import type { Check } from "../functions/_lib/checks.ts";
+import { askAll, failingFor, shown, table, type AnswerOf } from "./ask.ts";
+
+/** Every kept check a narrowing reaches (docs/presence.md §16.5), through every page. */
+export function askChecks(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<AnswerOf<"checks">> {
+  return askAll(nc, { ...narrowing, what: "checks" });
+}
+
+/** Checks as a table: node, module, provision, the result and for how long, whether its node confirms it, the revision and message. */
+export function formatChecks(answer: { entries: readonly (Check & { confirmed: boolean })[] }, now: Date): string {
+  if (answer.entries.length === 0) return "no checks";
+  return [
+    ...table([
+      ["NODE", "MODULE", "PROVISION", "RESULT", "CONFIRMED", "REVISION", "MESSAGE"],
+      ...answer.entries.map((c) => [
+        c.node,
+        c.module,
+        c.provision,
+        `${c.ok ? "ok" : (c.reason ?? "CheckFailed")} ${failingFor(c.since, now)}`,
+        c.confirmed ? "yes" : "no (node not reachable)",
+        c.revision ?? "-",
+        shown(c.message ?? "-", 80),
+      ]),
+    ]),
+    `${answer.entries.length} check${answer.entries.length === 1 ? "" : "s"}`,
+  ].join("\n");
+}

@@ -1,0 +1,184 @@
+import type { KV, NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectNode, connectProvider, type NodeClient } from "../client/index.ts";
+import type { Check } from "../functions/_lib/checks.ts";
+import type { Status } from "../functions/_lib/status.ts";
+import type { ModuleState } from "../functions/_lib/state.ts";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { request, startSet, testBus, until } from "./helpers.ts";
+
+// docs/presence.md §16.5: checks from where the consumer runs.
+let bus: TestBus;
+let set: Running;
+let seat: NatsConnection;
+let alder: NodeClient;
+let controller: KV;
+
+beforeAll(async () => {
+  bus = await testBus();
+  set = await startSet(bus);
+  seat = await bus.connect();
+  controller = await bus.kv("assignments", "mesh-controller");
+  alder = await connectNode({ servers: bus.url, node: "alder", credentials: { password: bus.server.users.alder!.password } });
+});
+afterAll(async () => {
+  await alder?.close();
+  await set.stop();
+  await bus.stop();
+});
+
+type Answer<E> = { entries: E[]; outOfShape: { key: string; reason: string }[] };
+const verb = async <E>(body: Record<string, unknown>) => (await request(seat, "mesh-provisioner.provisioning", body)).body as Answer<E>;
+const checksOf = async (narrowing: Record<string, unknown> = {}) =>
+  (await verb<Check & { confirmed: boolean }>({ what: "checks", ...narrowing })).entries;
+const stateOf = async (node: string, module: string) => (await verb<ModuleState>({ what: "state", node, module })).entries[0]!;
+const status = async (narrowing: Record<string, unknown> = {}) =>
+  (await request(seat, "mesh-provisioner.status", narrowing)).body as Status;
+/** Publishes a check as `node`'s user, as it is on the wire. */
+const publishAs = async (node: string, body: unknown, subject = `mesh-provisioner.checked.${node}`) =>
+  (await bus.connect(node)).jetstream().publish(subject, typeof body === "string" ? body : JSON.stringify(body));
+const wellModule = async (node: string, module: string, need: string, applied: Record<string, unknown> = {}) => {
+  await controller.put(`${node}.${module}`, JSON.stringify({ plan: { module } }));
+  await (await bus.kv("needs", node)).put(`${node}.${module}.${need}`, JSON.stringify({}));
+  await (await bus.kv("applied", node)).put(`${node}.${module}`, JSON.stringify(applied));
+};
+
+describe("checks (docs/presence.md §16.5)", () => {
+  it("keeps a failing check, makes it CheckFailing with its reason, not well; ok again ends it", async () => {
+    await wellModule("alder", "gitea", "bound.postgres/gitea");
+    expect(
+      await alder.check("gitea", "postgres", { ok: false, reason: "Unreachable", message: "connect ECONNREFUSED 10.0.0.5:5432" }),
+    ).toBe(true);
+    await until(async () => (await checksOf({ node: "alder" })).length === 1);
+    const [kept] = await checksOf({ node: "alder" });
+    expect(kept).toMatchObject({
+      key: "alder.gitea.postgres",
+      node: "alder",
+      module: "gitea",
+      provision: "postgres",
+      ok: false,
+      reason: "Unreachable",
+      message: "connect ECONNREFUSED 10.0.0.5:5432",
+      revision: null,
+      // The client writes alder's presence: its node confirms it.
+      confirmed: true,
+    });
+    expect(kept!.since).toBe(kept!.at);
+    const state = await stateOf("alder", "gitea");
+    expect(state.checks).toEqual({ ok: 0, failing: 1, unconfirmed: 0 });
+    expect(state.conditions).toEqual([
+      {
+        type: "CheckFailing",
+        reason: "Unreachable",
+        message: "check of postgres fails: Unreachable: connect ECONNREFUSED 10.0.0.5:5432",
+        since: kept!.since,
+      },
+    ]);
+    const s = await status();
+    expect(s.well).toBe(false);
+    expect(s.checks.failing).toBe(1);
+    expect((await status({ machine: "alder", consumer: "gitea" })).checks.failing).toBe(1);
+    // The same result again is not published again.
+    expect(await alder.check("gitea", "postgres", { ok: false, reason: "Unreachable", message: "again" })).toBe(false);
+    expect(await alder.check("gitea", "postgres", { ok: true })).toBe(true);
+    await until(async () => (await checksOf({ node: "alder", ok: true })).length === 1);
+    expect((await stateOf("alder", "gitea")).conditions).toEqual([]);
+    expect((await status({ machine: "alder", consumer: "gitea" })).well).toBe(true);
+    const metrics = await (await fetch(`${set.httpUrl}/metrics`)).text();
+    expect(metrics).toMatch(/\nchecks\{result="failing"\} 0\n/);
+    expect(metrics).toMatch(/\nchecks\{result="ok"\} 1\n/);
+  });
+
+  it("keeps the newest by `at` whatever the order of arrival, a failing result winning a tie", async () => {
+    const at = (s: number) => new Date(Date.UTC(2026, 11, 2, 6, 0, s)).toISOString();
+    const events = [
+      { module: "zot", provision: "vault", ok: true, at: at(1) },
+      { module: "zot", provision: "vault", ok: false, reason: "AuthFailed", at: at(2) },
+      { module: "zot", provision: "vault", ok: false, reason: "AuthFailed", message: "newest", at: at(4) },
+      { module: "zot", provision: "vault", ok: true, at: at(4) },
+      { module: "zot", provision: "vault", ok: false, reason: "Timeout", at: at(3) },
+    ];
+    // Newest first, so each older one arrives after it.
+    for (const e of [events[2], events[4], events[0], events[3], events[1]]) await publishAs("birch", e);
+    await until(async () => (await checksOf({ node: "birch", module: "zot" })).length === 1);
+    await until(async () => (await status({ machine: "birch" })).events.pending === 0 && (await status()).events.unacknowledged === 0);
+    const [kept] = await checksOf({ node: "birch", module: "zot" });
+    // birch writes no presence: its checks are unconfirmed.
+    expect(kept).toMatchObject({ ok: false, reason: "AuthFailed", message: "newest", at: at(4), confirmed: false });
+    await wellModule("birch", "zot", "secret.vault/token");
+    const state = await stateOf("birch", "zot");
+    expect(state.checks).toEqual({ ok: 0, failing: 1, unconfirmed: 1 });
+    expect(state.conditions.map((c) => [c.type, c.reason])).toEqual([["CheckFailing", "AuthFailed"]]);
+    // The older ok of second 1 cut nothing after the streak's start; the streak is of second 4's result alone.
+    expect(kept!.since).toBe(at(4));
+  });
+
+  it("refuses and counts a check out of shape, and a node publishing another node's check is refused by the server", async () => {
+    const before = (await status()).rejectedEvents;
+    await publishAs("cedar", "not json");
+    await publishAs("cedar", { module: "m", provision: "p", ok: false, reason: "not camel case", at: new Date().toISOString() });
+    await publishAs("cedar", { module: "m", provision: "p/x", ok: true, at: new Date().toISOString() });
+    await until(async () => (await status()).rejectedEvents === before + 3);
+    await expect(
+      publishAs("cedar", { module: "m", provision: "p", ok: true, at: new Date().toISOString() }, "mesh-provisioner.checked.dogwood"),
+    ).rejects.toThrow(/permission|timeout|no responders/i);
+  });
+
+  it("says AuthFailed on a holder caught up with the newest rotation: the provider does not accept it", async () => {
+    await wellModule("dogwood", "grafana", "bound.keycloak/client-secret", { revisions: { keycloak: "r7" } });
+    const keycloak = await connectProvider({
+      servers: bus.url,
+      provider: "keycloak",
+      credentials: { password: bus.server.users.keycloak!.password },
+    });
+    try {
+      await keycloak.rotated("keycloak", "r7");
+    } finally {
+      await keycloak.close();
+    }
+    await publishAs("dogwood", {
+      module: "grafana",
+      provision: "keycloak",
+      ok: false,
+      reason: "AuthFailed",
+      revision: "r7",
+      message: "401",
+      at: new Date().toISOString(),
+    });
+    await until(async () => (await stateOf("dogwood", "grafana")).conditions.some((c) => c.type === "CheckFailing"));
+    const condition = (await stateOf("dogwood", "grafana")).conditions.find((c) => c.type === "CheckFailing")!;
+    expect(condition.message).toBe(
+      "check of keycloak fails: AuthFailed: 401 (revision r7); it holds the newest revision: the provider does not accept it",
+    );
+  });
+});
+
+describe("keepChecking (docs/client.md §9.1)", () => {
+  it("publishes only the changes of a probe's result, a probe that hangs timing out", async () => {
+    const events = async () =>
+      (await (await seat.jetstreamManager()).streams.info("mesh-provisioner_events", { subjects_filter: "mesh-provisioner.checked.alder" }))
+        .state.subjects?.["mesh-provisioner.checked.alder"] ?? 0;
+    const before = await events();
+    let probes = 0;
+    const steady = alder.keepChecking("caddy", "acme", () => void probes++, { everySeconds: 0.1 });
+    await until(() => probes >= 20);
+    steady.stop();
+    // Twenty probes of one result: one event.
+    expect((await events()) - before).toBe(1);
+    const hung = alder.keepChecking("caddy", "dns", () => new Promise<void>(() => {}), { everySeconds: 60, timeoutSeconds: 0.3 });
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "dns" })).length === 1);
+    hung.stop();
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "dns" }))[0]).toMatchObject({
+      ok: false,
+      reason: "Timeout",
+      message: "the probe did not finish within 0.3 s",
+    });
+  });
+
+  it("refuses bad arguments with a ClientArgumentError", () => {
+    expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(/provision/);
+    expect(() => alder.keepChecking("caddy", "acme", "nope" as never)).toThrow(/probe must be a function/);
+    expect(() => alder.keepChecking("caddy", "acme", () => {}, { everySeconds: 0 })).toThrow(/options\.everySeconds/);
+  });
+});
