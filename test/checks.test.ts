@@ -154,6 +154,37 @@ describe("checks (docs/presence.md §16.5)", () => {
   });
 });
 
+describe("RevisionMismatch (docs/presence.md §16.6)", () => {
+  it("names a holder's revision of a shared credential its provider has not applied, and clears when they agree", async () => {
+    // The provider module pgsql on cedar shares one login, provision pg, with its holders.
+    await wellModule("cedar", "pgsql", "port.pg", { revisions: { pg: "r3" } });
+    await controller.put("dogwood.app", JSON.stringify({ plan: { module: "app" } }));
+    await (await bus.kv("needs", "dogwood")).put("dogwood.app.bound.pg/app", JSON.stringify({ provider: "pgsql" }));
+    const applied = await bus.kv("applied", "dogwood");
+    await applied.put("dogwood.app", JSON.stringify({ revisions: { pg: "r2" } }));
+    const app = await stateOf("dogwood", "app");
+    const later = [(await applied.get("dogwood.app"))!.created, (await (await bus.kv("applied", "cedar")).get("cedar.pgsql"))!.created]
+      .map((d) => d.toISOString())
+      .sort()[1];
+    expect(app.conditions).toEqual([
+      {
+        type: "RevisionMismatch",
+        reason: "ProviderHoldsOther",
+        message: "app on dogwood holds pg r2 (need bound.pg/app); pgsql on cedar applied r3",
+        since: later,
+      },
+    ]);
+    // Before any check fails, and gone once the holder catches up.
+    await applied.put("dogwood.app", JSON.stringify({ revisions: { pg: "r3" } }));
+    expect((await stateOf("dogwood", "app")).conditions).toEqual([]);
+    // And when the provider goes back to what the holder has: the other way round.
+    await (await bus.kv("applied", "cedar")).put("cedar.pgsql", JSON.stringify({ revisions: { pg: "r4" } }));
+    expect((await stateOf("dogwood", "app")).conditions.map((c) => c.type)).toEqual(["RevisionMismatch"]);
+    await (await bus.kv("applied", "cedar")).put("cedar.pgsql", JSON.stringify({ revisions: { pg: "r3" } }));
+    expect((await stateOf("dogwood", "app")).conditions).toEqual([]);
+  });
+});
+
 describe("keepChecking (docs/client.md §9.1)", () => {
   it("publishes only the changes of a probe's result, a probe that hangs timing out", async () => {
     const events = async () =>

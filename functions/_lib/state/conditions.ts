@@ -131,6 +131,31 @@ export function providerUnreachableCondition(
   );
 }
 
+/** A holder's revision of a shared credential that no node of its provider module has applied (docs/presence.md §16.6). */
+export interface MismatchedRevision {
+  readonly need: string;
+  readonly provision: string;
+  readonly revision: string;
+  readonly provider: string;
+  /** The provider module's applied revisions of the provision, by node, in node order. */
+  readonly providerRevisions: readonly { readonly node: string; readonly revision: string }[];
+  /** The later of the holder's and the provider's applied records (ms since the epoch). */
+  readonly since: number;
+}
+
+/** `RevisionMismatch`: the frozen password, named with both revisions, nodes and modules (docs/presence.md §16.6). */
+export function revisionMismatchCondition(node: string, module: string, mismatched: readonly MismatchedRevision[]): Condition | undefined {
+  if (mismatched.length === 0) return undefined;
+  const parts = mismatched.map((m) => {
+    const theirs = m.providerRevisions
+      .slice(0, MAX_NAMED)
+      .map((p) => `${m.provider} on ${p.node} applied ${m.revision === p.revision ? "the same" : p.revision}`)
+      .join(", ");
+    return `${module} on ${node} holds ${m.provision} ${m.revision} (need ${m.need}); ${theirs}`;
+  });
+  return conditionOf("RevisionMismatch", "ProviderHoldsOther", parts, new Date(Math.min(...mismatched.map((m) => m.since))).toISOString());
+}
+
 /** A failing check of a module (docs/presence.md §16.5), and whether the module holds the newest rotation of its provision. */
 export interface FailingCheck {
   readonly provision: string;

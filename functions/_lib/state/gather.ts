@@ -52,8 +52,8 @@ export interface GatheredModule {
   /** Its assignment, or the delete marker that removed it. */
   assignment?: KeyRecord;
   needs: GatheredNeed[];
-  /** Its applied record: when stored (`created`, and in ns), and its `error`. */
-  applied?: { created: Date; nanos: number; error?: string };
+  /** Its applied record: when stored (`created`, and in ns), its `error` and `revisions`. */
+  applied?: { created: Date; nanos: number; error?: string; revisions?: Readonly<Record<string, string>> };
   /** Its keys out of shape, `at` when each was written. */
   outOfShape: { key: string; reason: string; at: Date }[];
 }
@@ -138,6 +138,7 @@ export function gatherByModule(assignments: readonly KeyRecord[], needs: readonl
       created: entry.created,
       nanos: entry.createdNanos,
       ...(record.error === undefined ? {} : { error: record.error }),
+      ...(record.revisions === undefined ? {} : { revisions: record.revisions }),
     };
     for (const reason of record.bad) addOutOfShape("applied", entry.key, reason, entry.created, entry.key);
   }

@@ -169,13 +169,18 @@ function applyChanges(
     const [node, module] = key.split(".") as [string, string];
     const was = { assigned: old?.base?.assigned === true, ready: old?.base !== undefined && isReady(old.base) };
     const is = { assigned: next.base?.assigned === true, ready: next.base !== undefined && isReady(next.base) };
-    if (was.assigned !== is.assigned || (was.assigned && was.ready !== is.ready)) {
+    // Its applied revisions where it is assigned: what its consumers' RevisionMismatch compares with.
+    const revisionsWere = was.assigned ? old?.revisions : undefined;
+    const revisionsAre = is.assigned ? next.revisions : undefined;
+    if (was.assigned !== is.assigned || (was.assigned && was.ready !== is.ready) || !sameJson(revisionsWere, revisionsAre)) {
       let p = keeper.providerNodes.get(module);
-      if (p === undefined) keeper.providerNodes.set(module, (p = { assigned: new Set(), ready: new Set() }));
+      if (p === undefined) keeper.providerNodes.set(module, (p = { assigned: new Set(), ready: new Set(), revisions: new Map() }));
       p.assigned.delete(node);
       p.ready.delete(node);
+      p.revisions.delete(node);
       if (is.assigned) p.assigned.add(node);
       if (is.assigned && is.ready) p.ready.add(node);
+      if (revisionsAre !== undefined) p.revisions.set(node, revisionsAre);
       if (p.assigned.size === 0) keeper.providerNodes.delete(module);
       changedProviders.add(module);
     }

@@ -6,6 +6,7 @@
 import type { Check } from "../checks.ts";
 import {
   checkFailingCondition,
+  revisionMismatchCondition,
   outOfShapeCondition,
   providerFailingCondition,
   providerNotAssignedCondition,
@@ -49,6 +50,8 @@ export interface ModuleParts {
   readonly unanswerable?: Condition | undefined;
   readonly outOfShape?: Condition | undefined;
   readonly providerNeeds: readonly ProviderNeed[];
+  /** Its applied record's `revisions` and when it was written, when it has some. */
+  readonly revisions?: { readonly of: Readonly<Record<string, string>>; readonly at: Date };
 }
 
 /** A module's {@link ModuleParts} from its gathered records, with the kinds some domain answers. */
@@ -83,6 +86,7 @@ export function modulePartsOf(
     since,
     unanswerable: unanswerableCondition(g.needs.filter((n) => !kinds.has(n.kind))),
     outOfShape: outOfShapeCondition(g.outOfShape),
+    ...(g.applied?.revisions === undefined ? {} : { revisions: { of: g.applied.revisions, at: g.applied.created } }),
     providerNeeds: g.needs.flatMap((n) =>
       n.value.provider === undefined ? [] : [{ kind: n.kind, name: n.name, provider: n.value.provider, created: n.created }],
     ),
@@ -93,6 +97,8 @@ export function modulePartsOf(
 export interface ProviderNodes {
   readonly assigned: Set<string>;
   readonly ready: Set<string>;
+  /** Its applied `revisions` on each node where it is assigned and has some, by node. */
+  readonly revisions: Map<string, { readonly of: Readonly<Record<string, string>>; readonly at: Date }>;
 }
 
 /** What the keeper knows of other modules and buckets that a module's state depends on. */
@@ -121,6 +127,26 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
     const p = facts.providerNodes.get(n.provider);
     return p !== undefined && p.assigned.size > 0 && p.ready.size === 0;
   });
+  // The frozen password (docs/presence.md §16.6): a revision of a shared credential no node of its provider applied.
+  const mismatched = parts.providerNeeds.flatMap((n) => {
+    const provision = n.name.split("/")[0]!;
+    const held = parts.revisions?.of[provision];
+    const theirs = [...(facts.providerNodes.get(n.provider)?.revisions ?? [])]
+      .filter(([, r]) => r.of[provision] !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    if (held === undefined || theirs.length === 0 || theirs.some(([, r]) => r.of[provision] === held)) return [];
+    const latest = Math.max(...theirs.map(([, r]) => r.at.getTime()));
+    return [
+      {
+        need: `${n.kind}.${n.name}`,
+        provision,
+        revision: held,
+        provider: n.provider,
+        providerRevisions: theirs.map(([node, r]) => ({ node, revision: r.of[provision]! })),
+        since: Math.max(latest, parts.revisions!.at.getTime()),
+      },
+    ];
+  });
   const checks = facts.checks.get(key) ?? [];
   const failingChecks = checks
     .filter((c) => !c.ok)
@@ -140,6 +166,7 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
     providerFailingCondition(facts.failing.get(key) ?? []),
     providerNotAssignedCondition(notAssigned),
     providerNotReadyCondition(notReady, (provider) => facts.providerNodes.get(provider)!.assigned),
+    revisionMismatchCondition(base.node, base.module, mismatched),
     checkFailingCondition(failingChecks),
     parts.outOfShape,
   ].filter((c): c is Condition => c !== undefined);

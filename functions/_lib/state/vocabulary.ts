@@ -20,6 +20,7 @@ export const CONDITIONS = [
   "Unconfirmed",
   "ProviderUnreachable",
   "CheckFailing",
+  "RevisionMismatch",
   "Stale",
   "OutOfShape",
 ] as const;
