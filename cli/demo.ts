@@ -162,6 +162,39 @@ export async function publishDemoRotation(bus: DemoBus): Promise<void> {
 }
 
 /**
+ * `node`'s client writes its presence once and leaves (docs/presence.md §16.1): the node is
+ * unreachable once `presence.ttlSeconds` (or three of its periods) have passed with no write.
+ */
+export async function silenceDemoNode(bus: DemoBus, node: string): Promise<void> {
+  const client = await connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client` });
+  await client.close();
+}
+
+/**
+ * The demo's holder checks its credential from its node after catching up (docs/presence.md
+ * §16.5): keycloak refuses it (`AuthFailed`) though it holds the newest revision, the frozen
+ * password; then waits (up to 30 s) until its module says so.
+ */
+export async function failDemoCheck(bus: DemoBus): Promise<void> {
+  const { provision, revision, machine, consumer } = DEMO_ROTATION;
+  const node = await nodeOn(bus, machine);
+  try {
+    await node.check(consumer, provision, {
+      ok: false,
+      reason: "AuthFailed",
+      message: "401 Unauthorized from the token endpoint",
+      revision,
+    });
+    await untilShown(async () => {
+      const { entries } = await askAll(node.nc, { what: "state", node: machine, module: consumer });
+      return entries.some((m) => m.conditions.some((c) => c.type === "CheckFailing"));
+    }, `the check of ${provision} was published but ${consumer} on ${machine} does not show it`);
+  } finally {
+    await node.close();
+  }
+}
+
+/**
  * Catches the demo's holder up (docs/rotation.md §8.3): dogwood's client writes grafana's applied
  * record with the new revision, and keycloak waits (up to 30 s) for the release it is then sent.
  * Returns the release.

@@ -155,6 +155,8 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
   };
   const moduleArg = (module: unknown) => tokenArg("module", module);
   const presence = writePresence(node, everySeconds, kv);
+  // Written before the client is handed out: a client that closes at once has said the node was there.
+  await presence.first;
   /** The last result published per `<module>.<provision>`, as `ok reason revision`. */
   const published = new Map<string, string>();
   const checking = new Set<{ stop(): void }>();
@@ -297,12 +299,16 @@ class ProbeTimeout extends Error {
 }
 
 /**
- * Writes `<node>` of the presence bucket now and every `everySeconds` (docs/presence.md §16.1)
- * until stopped; `null` writes none. A write that fails (the connection away, a set without the
+ * Writes `<node>` of the presence bucket now (`first`) and every `everySeconds` (docs/presence.md
+ * §16.1) until stopped; `null` writes none. A write that fails (the connection away, a set without the
  * bucket) is tried again at the next tick: presence is best effort, its absence is what it says.
  */
-function writePresence(node: string, everySeconds: number | null, kv: (name: string) => Promise<KV>): { stop(): void } {
-  if (everySeconds === null) return { stop: () => {} };
+function writePresence(
+  node: string,
+  everySeconds: number | null,
+  kv: (name: string) => Promise<KV>,
+): { stop(): void; first: Promise<void> } {
+  if (everySeconds === null) return { stop: () => {}, first: Promise.resolve() };
   const value = JSON.stringify({ everySeconds, client: CLIENT });
   let writing = false;
   const write = async () => {
@@ -316,7 +322,7 @@ function writePresence(node: string, everySeconds: number | null, kv: (name: str
       writing = false;
     }
   };
-  void write();
+  const first = write();
   const timer = setInterval(() => void write(), everySeconds * 1000);
-  return { stop: () => clearInterval(timer) };
+  return { stop: () => clearInterval(timer), first };
 }

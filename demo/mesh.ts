@@ -190,6 +190,11 @@ export const CASES = {
   failed: { node: "cedar", module: "mesh-artifact-store", error: "zot: listen tcp :5000: address already in use" },
   /** Left behind on a node it is no longer assigned to: `unassigned`. */
   unassigned: { node: "alder", module: "old-backup" },
+  /**
+   * A holder of the provider's one login on another revision than the provider applied:
+   * `RevisionMismatch` (docs/presence.md §16.6), the frozen password.
+   */
+  revisionMismatch: { node: "birch", holder: "gitea", provider: "postgres", provision: "postgres", held: "pg-2", applied: "pg-3" },
 } as const;
 
 /** Needs beyond the placements' files, by node and module: a kind no domain answers, providers named (not assigned anywhere, not ready). */
@@ -198,6 +203,7 @@ const EXTRA_NEEDS: Readonly<Record<string, Readonly<Record<string, Readonly<Reco
     gitea: {
       "${wormhole:exit}": { file: "/etc/gitea/app.ini" },
       "${bound:redis:address}": { file: "/etc/gitea/app.ini", provider: "redis" },
+      "${bound:postgres:address}": { file: "/etc/gitea/app.ini", provider: "postgres" },
     },
     docker: { "${seat:mesh-artifact-store:reach}": { file: "/etc/docker/daemon.json", provider: "mesh-artifact-store" } },
   },
@@ -230,6 +236,15 @@ export interface DemoStep {
   readonly contribute?: readonly (readonly [string, string, unknown])[];
 }
 
+/** The `revisions` of a module's applied record in the demo: the provider's and its holder's of {@link CASES}.revisionMismatch. */
+function revisionsOf(node: string, module: string): { revisions?: Record<string, string> } {
+  const { node: at, holder, provider, provision, held, applied } = CASES.revisionMismatch;
+  if (node !== at) return {};
+  if (module === provider) return { revisions: { [provision]: applied } };
+  if (module === holder) return { revisions: { [provision]: held } };
+  return {};
+}
+
 /** What `node`'s client does in the demo, in order (docs/client.md §9.1). */
 export function demoMesh(node: string): DemoStep[] {
   const steps: DemoStep[] = [];
@@ -248,6 +263,7 @@ export function demoMesh(node: string): DemoStep[] {
       placeholders: Object.keys(needs).length,
       files: [...new Set(Object.values(needs))],
       ...(node === CASES.failed.node && module === CASES.failed.module ? { error: CASES.failed.error } : {}),
+      ...revisionsOf(node, module),
     };
     // The pending module's client wrote its applied record, then new needs it has not applied yet
     // (declared anew, so they are newer than the applied record on every run of the demo).

@@ -79,6 +79,9 @@ describe("checks (docs/presence.md §16.5)", () => {
     expect(s.well).toBe(false);
     expect(s.checks.failing).toBe(1);
     expect((await status({ machine: "alder", consumer: "gitea" })).checks.failing).toBe(1);
+    // Said by what=checks, not by the providers' history (docs/failing.md §5.8).
+    const history = await verb<{ key: string }>({ what: "history" });
+    expect([...history.entries, ...history.outOfShape].filter((e) => JSON.stringify(e).includes("checked"))).toEqual([]);
     // The same result again is not published again.
     expect(await alder.check("gitea", "postgres", { ok: false, reason: "Unreachable", message: "again" })).toBe(false);
     expect(await alder.check("gitea", "postgres", { ok: true })).toBe(true);

@@ -1,7 +1,19 @@
 import { HOLDERS, ROTATIONS, type What } from "../../functions/_lib/provisioning.ts";
 import { openSession } from "../../runtime/index.ts";
 import { askAll, formatAnswer, type AskRequest } from "../ask.ts";
-import { catchUpDemo, DEMO_FAILING, DEMO_ROTATION, demoBus, publishDemoEvent, publishDemoRotation, writeDemo } from "../demo.ts";
+import {
+  catchUpDemo,
+  DEMO_FAILING,
+  DEMO_ROTATION,
+  demoBus,
+  failDemoCheck,
+  publishDemoEvent,
+  publishDemoRotation,
+  silenceDemoNode,
+  writeDemo,
+} from "../demo.ts";
+import { askChecks, formatChecks } from "../checks.ts";
+import { PRESENCE_EVERY_SECONDS } from "../../contract/presence.ts";
 import type { AddCommand } from "../program.ts";
 import { formatHolders, formatRotations } from "../rotation.ts";
 import { askStatus, formatStatus } from "../status.ts";
@@ -29,10 +41,14 @@ export const demoCommand: AddCommand = (program, { config }) => {
       `only catch ${DEMO_ROTATION.consumer} on ${DEMO_ROTATION.machine} up with the rotated credential, then print the release`,
     )
     .option(
+      "--silence <node>",
+      "only have a node's client write its presence once and stop: the node is unreachable after presence.ttlSeconds",
+    )
+    .option(
       "--users <file>",
       "the passwords of the demo's node, provider and controller users (the shape of .state/users.json): needed on a server of your own (NATS_URL)",
     )
-    .action(async (options: { recover?: boolean; catchUp?: boolean; users?: string }) => {
+    .action(async (options: { recover?: boolean; catchUp?: boolean; silence?: string; users?: string }) => {
       const cfg = await config();
       const bus = await demoBus(cfg, options.users);
       const session = await openSession(cfg, { embedded: "join", name: "mesh-provisioner demo" });
@@ -48,6 +64,14 @@ export const demoCommand: AddCommand = (program, { config }) => {
           await showStatus();
           return;
         }
+        if (options.silence !== undefined) {
+          await silenceDemoNode(bus, options.silence);
+          const { ttlSeconds } = (cfg as unknown as { presence?: { ttlSeconds?: number } }).presence ?? {};
+          console.log(
+            `${options.silence}: wrote its presence once and stopped; it is unreachable after ${Math.max(ttlSeconds ?? 60, 3 * PRESENCE_EVERY_SECONDS)} s with no write (mesh-provisioner nodes, status)`,
+          );
+          return;
+        }
         if (options.catchUp) {
           const released = await catchUpDemo(bus);
           console.log(
@@ -58,6 +82,12 @@ export const demoCommand: AddCommand = (program, { config }) => {
           );
           console.log("\n$ rotations");
           console.log(formatRotations(await askAll(session.nc, { what: ROTATIONS }), new Date()));
+          await failDemoCheck(bus);
+          console.log(
+            `\n${DEMO_ROTATION.machine}: ${DEMO_ROTATION.consumer} checked ${DEMO_ROTATION.provision} at ${DEMO_ROTATION.revision}, the newest: AuthFailed`,
+          );
+          console.log("\n$ checks --failing");
+          console.log(formatChecks(await askChecks(session.nc, { ok: false }), new Date()));
           return;
         }
         const written = await writeDemo(cfg, bus);
@@ -80,7 +110,9 @@ export const demoCommand: AddCommand = (program, { config }) => {
         console.log(`\n$ holders ${provision}`);
         console.log(formatHolders(await askAll(session.nc, { what: HOLDERS, provision }), new Date()));
         await showStatus();
-        console.log(`\n(mesh-provisioner demo --recover publishes ${provider}'s recovery; --catch-up catches ${holder} on ${at} up)`);
+        console.log(
+          `\n(mesh-provisioner demo --recover publishes ${provider}'s recovery; --catch-up catches ${holder} on ${at} up, then its check fails; --silence <node> has a node stop reporting)`,
+        );
       } finally {
         await session.close();
       }

@@ -54,6 +54,8 @@ export const historyEntrySchema = z.object({
 export type HistoryItem = { readonly entry: HistoryEntry } | { readonly refused: { readonly key: string; readonly reason: string } };
 
 const SUBJECT = /^([^.]+)\.provisioner\.(failing|recovered|rotated)$/;
+/** The stream's other events, said elsewhere: a node's checks (what=checks) and a provider's acknowledgements (what=rotations). */
+const ELSEWHERE = /^(mesh-provisioner\.checked\.[^.]+|[^.]+\.provisioner\.acknowledged)$/;
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 const schemas = { failing: failingEvent, recovered: recoveredEvent, rotated: rotatedEvent } as const;
 
@@ -126,6 +128,7 @@ export async function historyOf(
   const found: HistoryItem[] = [];
   if (options.count <= 0) return found;
   for await (const message of stream.newest({ before: options.before, since: options.since })) {
+    if (ELSEWHERE.test(message.subject)) continue;
     const item = historyItemOf(message);
     if (!reached(message, item, narrowing)) continue;
     found.push(item);
