@@ -171,9 +171,9 @@ export async function silenceDemoNode(bus: DemoBus, node: string): Promise<void>
 }
 
 /**
- * The demo's holder checks its credential from its node after catching up (docs/presence.md
- * §16.5): keycloak refuses it (`AuthFailed`) though it holds the newest revision, the frozen
- * password; then waits (up to 30 s) until its module says so.
+ * The demo's holder checks its credential from its node after catching up
+ * (docs/presence.md §16.5): keycloak refuses it (`AuthFailed`) though it holds the newest
+ * revision, the frozen password; then waits (up to 30 s) until its module says so.
  */
 export async function failDemoCheck(bus: DemoBus): Promise<void> {
   const { provision, revision, machine, consumer } = DEMO_ROTATION;

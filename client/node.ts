@@ -299,9 +299,10 @@ class ProbeTimeout extends Error {
 }
 
 /**
- * Writes `<node>` of the presence bucket now (`first`) and every `everySeconds` (docs/presence.md
- * §16.1) until stopped; `null` writes none. A write that fails (the connection away, a set without the
- * bucket) is tried again at the next tick: presence is best effort, its absence is what it says.
+ * Writes `<node>` of the presence bucket now (`first`) and every `everySeconds`
+ * (docs/presence.md §16.1) until stopped; `null` writes none. A write that fails (the connection
+ * away, a set without the bucket) is tried again at the next tick: presence is best effort, its
+ * absence is what it says.
  */
 function writePresence(
   node: string,

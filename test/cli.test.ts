@@ -211,7 +211,7 @@ describe("the embedded default, end to end", () => {
       new Set(["unassigned", "never-ran", "pending", "failed", "declares-nothing", "applied"]),
     );
     expect(new Set(states.flatMap((m) => m.conditions.map((c) => c.type)))).toEqual(
-      new Set(["Unanswerable", "ProviderNotAssigned", "ProviderNotReady", "ProviderFailing", "OutOfShape"]),
+      new Set(["Unanswerable", "ProviderNotAssigned", "ProviderNotReady", "ProviderFailing", "OutOfShape", "RevisionMismatch"]),
     );
     // The demo's rotation: grafana on dogwood is its one holder, stale until it catches up; then keycloak is told.
     expect(demo.stdout).toMatch(/\ndogwood +grafana +bound\.keycloak\/issuer +- +\S+ ago +stale\n/);

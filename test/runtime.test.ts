@@ -153,7 +153,7 @@ export default defineFunction({
       `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
       `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }`,
       // checks of the set against the config come after the checks of each file
-      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments, rotations, presence)`,
+      `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments, rotations, presence, checks)`,
     ]);
   });
 });

@@ -1,0 +1,127 @@
+/**
+ * `npm run bench:presence`: what presence and checks cost (docs/presence.md §16.4). On one
+ * embedded nats-server with 100,000 needs (1,000 nodes of 10 modules), the function set as
+ * `npm start` runs it: its CPU share and RSS while 10,000 nodes write presence every 15 s
+ * (about 670 writes a second), against the same with none, status asked once a second in
+ * both; `what=nodes` narrowed to one node and the state of one node with checks, each p50 against
+ * one echo round trip; and how long 1,000 checks failing at once take to show in status.
+ * Figures, not tests: nothing fails on a figure.
+ */
+import { readFileSync } from "node:fs";
+import { cpus } from "node:os";
+import { STATUS } from "../../functions/_lib/status.ts";
+import { askEcho, askVerb, count, fill, latency, line, ms, needsOf, openBench, rssOf, sleep } from "./harness.ts";
+
+const NODES_WITH_NEEDS = 1000;
+const PRESENT_NODES = 10_000;
+const EVERY_SECONDS = 15;
+const MEASURE_MS = 20_000;
+const CHECKS = 1000;
+
+/** The CPU time of `pid` so far (user and system), in seconds. */
+const cpuOf = (pid: number) => {
+  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+};
+
+const bench = await openBench();
+try {
+  const { nc } = bench;
+  const js = nc.jetstream();
+  line(`presence bench: ${cpus().length} × ${cpus()[0]?.model}, node ${process.version}, nats-server ${bench.natsVersion}`);
+  let set = await bench.startSet();
+  await fill(await bench.kv("needs"), needsOf(0, NODES_WITH_NEEDS));
+  line(`filled needs: ${count(NODES_WITH_NEEDS * 100)} keys`);
+  // Started again on what is there, as a set runs on a mesh that has it.
+  await bench.stopChild(set.process);
+  set = await bench.startSet();
+  await bench.startEcho();
+  const pid = set.process.pid!;
+  const ask = (body: unknown) => askVerb(nc, body);
+  const status = () => nc.request(STATUS, "{}", { timeout: 30_000 }).then((m) => m.json<{ checks: { failing: number } }>());
+
+  /** The set's CPU share (of one core) and RSS over {@link MEASURE_MS}, status asked every second, `load` running meanwhile. */
+  const measure = async (load: (until: number) => Promise<void>) => {
+    await status();
+    const cpu0 = cpuOf(pid);
+    const t0 = performance.now();
+    const until = t0 + MEASURE_MS;
+    const asking = (async () => {
+      while (performance.now() < until) {
+        await status();
+        await sleep(1000);
+      }
+    })();
+    await Promise.all([load(until), asking]);
+    return { cpu: (cpuOf(pid) - cpu0) / ((performance.now() - t0) / 1000), rss: rssOf(pid) };
+  };
+  const quiet = await measure(async () => {});
+  line(`without presence: CPU ${(quiet.cpu * 100).toFixed(1)} % of a core, RSS ${(quiet.rss / 2 ** 20).toFixed(0)} MiB`);
+
+  // Every node once, then each again every 15 s: PRESENT_NODES / EVERY_SECONDS writes a second, spread evenly.
+  const value = JSON.stringify({ everySeconds: EVERY_SECONDS, client: "bench" });
+  const writePresence = async (from: number, to: number) => {
+    for (let i = from; i < to; i++) nc.publish(`$KV.mesh-provisioner_presence.n${i % PRESENT_NODES}`, value);
+    await nc.flush();
+  };
+  await writePresence(0, PRESENT_NODES);
+  let written = PRESENT_NODES;
+  const presenceLoad = async (until: number) => {
+    const perTick = Math.ceil(PRESENT_NODES / EVERY_SECONDS / 10);
+    while (performance.now() < until) {
+      await writePresence(written, written + perTick);
+      written += perTick;
+      await sleep(100);
+    }
+  };
+  await measure(presenceLoad); // warm: the view and the kept presence take the first round
+  const loaded = await measure(presenceLoad);
+  line(
+    `with ${count(PRESENT_NODES)} nodes every ${EVERY_SECONDS} s: CPU ${(loaded.cpu * 100).toFixed(1)} % of a core, RSS ${(loaded.rss / 2 ** 20).toFixed(0)} MiB`,
+  );
+
+  // One node's checks: each of its 10 modules checked a provision.
+  await Promise.all(
+    Array.from({ length: 10 }, (_, m) =>
+      js.publish(
+        "mesh-provisioner.checked.n5",
+        JSON.stringify({ module: `m${m}`, provision: "postgres", ok: m !== 3, at: new Date().toISOString() }),
+      ),
+    ),
+  );
+  await sleep(1000);
+  const lat = await latency({
+    echo: () => askEcho(nc),
+    "nodes, one node": () => ask({ what: "nodes", node: "n5" }),
+    "state of one node with checks": () => ask({ what: "state", node: "n5" }),
+  });
+  const echo = lat.echo!.p50;
+  line(`echo p50 ${ms(echo)}`);
+  line(
+    `what=nodes narrowed p50 ${ms(lat["nodes, one node"]!.p50)}: ${(lat["nodes, one node"]!.p50 / echo).toFixed(2)} × echo (target ≤ 3)`,
+  );
+  line(
+    `state of one node with checks p50 ${ms(lat["state of one node with checks"]!.p50)}: ${(lat["state of one node with checks"]!.p50 / echo).toFixed(2)} × echo (target ≤ 3)`,
+  );
+
+  // A mesh-wide transition: 1,000 checks failing at once, one a node.
+  const before = (await status()).checks.failing;
+  const at = new Date().toISOString();
+  const t = performance.now();
+  await Promise.all(
+    Array.from({ length: CHECKS }, (_, n) =>
+      js.publish(
+        `mesh-provisioner.checked.n${n}`,
+        JSON.stringify({ module: "m0", provision: "vault", ok: false, reason: "AuthFailed", at }),
+      ),
+    ),
+  );
+  const published = performance.now() - t;
+  while ((await status()).checks.failing < before + CHECKS) await sleep(20);
+  const shown = performance.now() - t;
+  line(
+    `${count(CHECKS)} checks failing at once: published in ${ms(published)}, in status after ${(shown / 1000).toFixed(2)} s (target ≤ 2 s)`,
+  );
+} finally {
+  await bench.stop();
+}
