@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { EVENTS_STREAM, providerOf, storedOf } from "./_lib/follower.ts";
 import { acknowledgedEvent } from "../contract/events.ts";
-import { acknowledgeRelease } from "./_lib/rotation.ts";
+import { acknowledgeRelease } from "./_lib/rotation-record.ts";
 
 /** docs/rotation.md §8.6: a provider received a release; it is published to it no more. */
 export default defineFunction({

@@ -1,7 +1,7 @@
 import { defineFunction } from "../runtime/index.ts";
 import { EVENTS_STREAM, notAhead, providerOf, storedOf } from "./_lib/follower.ts";
 import { rotatedEvent } from "../contract/events.ts";
-import { keepRotation } from "./_lib/rotation.ts";
+import { keepRotation } from "./_lib/rotation-record.ts";
 
 /** docs/rotation.md §8.2: a provider rotated a credential; the newest rotation per provider, provision (and holder) is kept. */
 export default defineFunction({

@@ -1,16 +1,8 @@
 import { defineFunction, RevisionConflict, type Snapshot } from "../runtime/index.ts";
 import { HEADROOM } from "./_lib/provisioning.ts";
 import { refreshSubject, releasedSubject, type RefreshNotice, type ReleasedNotice } from "../contract/events.ts";
-import {
-  rotationConfig,
-  rotationsNow,
-  type Rotation,
-  type RotationConfig,
-  type RotationState,
-  type RotationValue,
-  type StaleHolder,
-  valueOf,
-} from "./_lib/rotation.ts";
+import { rotationsNow, type RotationState, type StaleHolder } from "./_lib/rotation.ts";
+import { rotationConfig, valueOf, type Rotation, type RotationConfig, type RotationValue } from "./_lib/rotation-record.ts";
 
 /**
  * docs/rotation.md §8.5, docs/rotation.md §8.6: every second (claimed, so one replica a second),

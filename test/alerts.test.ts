@@ -103,6 +103,40 @@ describe("Alertmanager", () => {
     expect(dogwood()).toHaveLength(sent);
   });
 
+  it("raises a failing check as ProvisioningCheckFailing, and resolves it once the check is ok (docs/presence.md §16.5)", async () => {
+    const alder = (await bus.connect("alder")).jetstream();
+    const checked = (ok: boolean, at: string) =>
+      alder.publish(
+        "mesh-provisioner.checked.alder",
+        JSON.stringify({
+          module: "gitea",
+          provision: "postgres",
+          ok,
+          ...(ok ? {} : { reason: "AuthFailed", message: "password authentication failed" }),
+          at,
+        }),
+      );
+    const kept = async () =>
+      ((await request(seat, "mesh-provisioner.provisioning", { what: "checks", node: "alder" })).body as { entries: { ok: boolean }[] })
+        .entries;
+    await checked(false, "2026-12-02T06:00:00Z");
+    await until(async () => (await kept()).length === 1);
+    const gitea = () => received.flat().filter((a) => a.labels.alertname === "ProvisioningCheckFailing" && a.labels.node === "alder");
+    await invoke(set.runner, alerts);
+    expect(gitea().at(-1)).toEqual({
+      labels: { alertname: "ProvisioningCheckFailing", node: "alder", module: "gitea", provision: "postgres", reason: "AuthFailed" },
+      annotations: { summary: "gitea on alder fails its check of postgres: AuthFailed: password authentication failed" },
+      startsAt: "2026-12-02T06:00:00.000Z",
+    });
+    await checked(true, "2026-12-02T06:01:00Z");
+    await until(async () => (await kept())[0]?.ok === true);
+    await invoke(set.runner, alerts);
+    expect(gitea().at(-1)!.endsAt).toBeDefined();
+    const sent = gitea().length;
+    await invoke(set.runner, alerts);
+    expect(gitea()).toHaveLength(sent);
+  });
+
   it("raises a failing with its labels and startsAt, and resolves it with endsAt on recovery", async () => {
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "invalid_client", at: "2026-11-29T12:00:00Z" });
     await emit("failing", { machine: "dogwood", consumer: "grafana", word: "realm unreachable", at: "2026-11-29T12:05:00Z" });

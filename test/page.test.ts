@@ -110,6 +110,32 @@ describe("the page GET /", () => {
     await page.close();
   });
 
+  it("shows a failing check of a module in its details without a reload, and takes it away when the check is ok again", async () => {
+    const page = await open("/?node=birch");
+    await page.evaluate(() => ((window as unknown as { kept: number }).kept = 9));
+    const said = page.locator("#notwell .conditions li", { hasText: "CheckFailing (Unreachable): check of postgres fails" });
+    expect(await said.count()).toBe(0);
+    const birch = (await bus.connect("birch")).jetstream();
+    const check = (ok: boolean, at: string) =>
+      birch.publish(
+        "mesh-provisioner.checked.birch",
+        JSON.stringify({
+          module: "gitea",
+          provision: "postgres",
+          ok,
+          ...(ok ? {} : { reason: "Unreachable", message: "connect ECONNREFUSED" }),
+          at,
+        }),
+      );
+    await check(false, new Date().toISOString());
+    await said.waitFor({ timeout: 5000 });
+    expect(await said.innerText()).toBe("CheckFailing (Unreachable): check of postgres fails: Unreachable: connect ECONNREFUSED");
+    await check(true, new Date(Date.now() + 1).toISOString());
+    await said.waitFor({ state: "detached", timeout: 5000 });
+    expect(await page.evaluate(() => (window as unknown as { kept: number }).kept)).toBe(9);
+    await page.close();
+  });
+
   it("shows a failing a provider publishes without a reload, and takes it away on its recovery", async () => {
     const page = await open();
     await page.evaluate(() => ((window as unknown as { kept: number }).kept = 42));

@@ -1,7 +1,8 @@
 /**
  * The model kept (docs/state.md §7.5): made from the whole of the views once, then kept up to
  * date from the keys changed since (docs/runtime.md §6.12), so a request pays for the modules
- * changed since the last one, not for the size of the mesh.
+ * changed since the last one, not for the size of the mesh. One concept, over 400 lines: the
+ * keeper's upkeep (what a change remakes) reads best whole.
  */
 import { createRequire } from "node:module";
 import type { Entry, KeyRecord } from "../../../runtime/index.ts";

@@ -5,7 +5,8 @@
  */
 import { z } from "zod";
 import type { Snapshot } from "../../../runtime/index.ts";
-import { rotationConfig, type StaleHolder } from "../rotation.ts";
+import type { StaleHolder } from "../rotation.ts";
+import { rotationConfig } from "../rotation-record.ts";
 
 /** The states of a module (docs/state.md §7.3), in the order counts are said. */
 export const STATES = ["unassigned", "never-ran", "pending", "failed", "declares-nothing", "applied"] as const;

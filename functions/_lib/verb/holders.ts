@@ -4,7 +4,8 @@
  */
 import { appliedIndex } from "../applied.ts";
 import { heldIn, holdersIndex } from "../holders.ts";
-import { isStale, newestFor, rotationsIn, rotationStates } from "../rotation.ts";
+import { isStale, newestFor, rotationStates } from "../rotation.ts";
+import { rotationsIn } from "../rotation-record.ts";
 import type { BaseRequest } from "./fields.ts";
 import type { PageItem, PageSource } from "./page.ts";
 import type { Asked } from "./answerer.ts";
