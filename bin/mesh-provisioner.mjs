@@ -7,6 +7,12 @@ import { pathToFileURL } from "node:url";
 import { currentBuild, DIST } from "./dist.mjs";
 
 const root = resolve(import.meta.dirname, "..");
+// `--version` alone: the package's, said before anything is loaded.
+if (process.argv.length === 3 && (process.argv[2] === "--version" || process.argv[2] === "-V")) {
+  const { readFileSync } = await import("node:fs");
+  console.log(JSON.parse(readFileSync(join(root, "package.json"), "utf8")).version);
+  process.exit(0);
+}
 const build = currentBuild(root);
 if (build !== undefined) {
   await import(pathToFileURL(join(root, DIST, build.entries["cli/main.ts"])).href);

@@ -19,6 +19,8 @@ const program = new Command("mesh-provisioner")
   .description("The provisioner's server of the mesh: the registry and the verb mesh-provisioner.provisioning.")
   .option("-c, --config <file>", "the config file", CONFIG_FILE)
   .option("-w, --wide", "show every value whole in tables (they cut long ones with …)")
+  // Answered by bin/mesh-provisioner.mjs before the program loads; here so that --help lists it.
+  .option("-V, --version", "print the version")
   .showHelpAfterError()
   .hook("preAction", () => showWhole(program.opts<{ wide?: boolean }>().wide === true));
 

@@ -171,6 +171,17 @@ afterAll(() => {
   }
 });
 
+describe("the version", () => {
+  it("is the package's, with --version or -V, and --help lists it", async () => {
+    const run = promisify(execFile);
+    const bin = join(ROOT, "bin", "mesh-provisioner.mjs");
+    const { version } = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { version: string };
+    expect((await run("node", [bin, "--version"])).stdout).toBe(`${version}\n`);
+    expect((await run("node", [bin, "-V"])).stdout).toBe(`${version}\n`);
+    expect((await run("node", [bin, "--help"])).stdout).toMatch(/^ {2}-V, --version +print the version$/m);
+  });
+});
+
 describe("the embedded default, end to end", () => {
   it("starts, takes the demo, answers `ask`, `invoke` and HTTP, and stops its nats-server on SIGTERM", async () => {
     const { dir, config } = project();
