@@ -13,8 +13,12 @@ import { meshUsers, startHostCluster, startHosts, type HostCluster, type HostSer
 import { failedBetween, longestGap, lostEvents, lostWrites, missedWrites, readyWhileFailing, writesBackAt, type Missed } from "./checks.ts";
 import { EVENTS, MACHINE, NEEDS, newToken, startReplicas, startWorkload, tail, type Replica, type Workload } from "./workload.ts";
 
-/** How soon after the servers recover every fresh read must answer again, in milliseconds. */
-export const RECOVERED_WITHIN_MS = 15_000;
+/**
+ * How soon after the servers recover every fresh read must answer again, in milliseconds. Once,
+ * in a run on its own, nats-server 2.9.10 left the needs stream without a leader for about 25 s
+ * after a minority server's partition healed (the set said `has no leader` meanwhile): 30 s.
+ */
+export const RECOVERED_WITHIN_MS = 30_000;
 /** How long fresh reads are watched once they must answer again, in milliseconds. */
 export const WATCHED_MS = 5_000;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
