@@ -208,55 +208,63 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     const killed = tc.cluster.servers[1]!;
     const killedAt = Date.now();
     await killed.kill();
-    // Once the surviving servers have dropped their routes to it (a request routed to the dead
-    // server's subscribers in the meantime gets no answer, whatever the set does).
-    const survivors = tc.cluster.servers.filter((server) => server !== killed);
-    await until(
-      async () => {
-        const routes = await Promise.all(
-          survivors.map((server) => fetch(`${server.monitor}/routez`).then((r) => r.json() as Promise<{ num_routes: number }>)),
-        );
-        return routes.every((r) => r.num_routes === survivors.length - 1);
-      },
-      10_000,
-      "routes to the killed server dropped",
-    );
-    // The key written just before the kill is in the next answer, whichever replica gives it. A
-    // request may go unanswered while the stream's leader is elected again: asked again, as a client would.
-    let next: Awaited<ReturnType<typeof request>> | undefined;
-    const askedUntil = Date.now() + 30_000;
-    while (next === undefined && Date.now() < askedUntil) {
-      next = await request(birch, VERB, { what: "needs", node: "birch", module: "before-kill" }).catch(() => undefined);
-      if (next?.errorCode !== undefined) next = undefined;
+    try {
+      // Once the surviving servers have dropped their routes to it (a request routed to the dead
+      // server's subscribers in the meantime gets no answer, whatever the set does).
+      const survivors = tc.cluster.servers.filter((server) => server !== killed);
+      await until(
+        async () => {
+          const routes = await Promise.all(
+            survivors.map((server) => fetch(`${server.monitor}/routez`).then((r) => r.json() as Promise<{ num_routes: number }>)),
+          );
+          return routes.every((r) => r.num_routes === survivors.length - 1);
+        },
+        10_000,
+        "routes to the killed server dropped",
+      );
+      // The key written just before the kill is in the next answer, whichever replica gives it. A
+      // request may go unanswered while the stream's leader is elected again: asked again, as a client would.
+      let next: Awaited<ReturnType<typeof request>> | undefined;
+      const askedUntil = Date.now() + 30_000;
+      while (next === undefined && Date.now() < askedUntil) {
+        next = await request(birch, VERB, { what: "needs", node: "birch", module: "before-kill" }).catch(() => undefined);
+        if (next?.errorCode !== undefined) next = undefined;
+      }
+      expect(next?.body.entries.map((e: { key: string }) => e.key)).toEqual(["birch.before-kill.config.url"]);
+
+      // Events published during the loss, to a surviving server.
+      const at = new Date().toISOString();
+      for (let i = 0; i < 100; i++)
+        await emit("keycloak", "failing", { machine: "loss", consumer: `c${i}`, word: "down", at }, `loss-${i}`);
+      await until(
+        () => b.runner.nc.info?.server_name !== killed.name && !b.runner.nc.isClosed(),
+        15_000,
+        "replica B reconnected elsewhere",
+      );
+      await until(async () => (await fetch(`${b.httpUrl}/readyz`)).status === 200, 30_000, "replica B ready again");
+
+      // From 15 s after the kill, every verb request succeeds, and both replicas answer.
+      await new Promise((r) => setTimeout(r, Math.max(0, killedAt + 15_000 - Date.now())));
+      const before = await requestsByInstance();
+      const replies = await Promise.all(
+        Array.from({ length: 200 }, () =>
+          request(birch, VERB, { what: "needs", node: "birch" }).catch((e: Error) => ({ errorCode: e.message })),
+        ),
+      );
+      expect(replies.filter((r) => r.errorCode !== undefined)).toEqual([]);
+      const after = await requestsByInstance();
+      for (const [id, n] of after) expect(n - (before.get(id) ?? 0)).toBeGreaterThan(0);
+
+      await settled();
+      const lost = Object.fromEntries(Array.from({ length: 100 }, (_, i) => [`keycloak/c${i}`, `down@${at}`]));
+      expect(await failingOn(b.httpUrl, "loss")).toEqual(lost);
+      expect(await failingOn(a.httpUrl, "loss")).toEqual(lost);
+    } finally {
+      // Back whatever happened: the next tests run on the whole cluster.
+      await killed.start();
+      await tc.cluster.ready();
     }
-    expect(next?.body.entries.map((e: { key: string }) => e.key)).toEqual(["birch.before-kill.config.url"]);
-
-    // Events published during the loss, to a surviving server.
-    const at = new Date().toISOString();
-    for (let i = 0; i < 100; i++) await emit("keycloak", "failing", { machine: "loss", consumer: `c${i}`, word: "down", at }, `loss-${i}`);
-    await until(() => b.runner.nc.info?.server_name !== killed.name && !b.runner.nc.isClosed(), 15_000, "replica B reconnected elsewhere");
-    await until(async () => (await fetch(`${b.httpUrl}/readyz`)).status === 200, 15_000, "replica B ready again");
-
-    // From 15 s after the kill, every verb request succeeds, and both replicas answer.
-    await new Promise((r) => setTimeout(r, Math.max(0, killedAt + 15_000 - Date.now())));
-    const before = await requestsByInstance();
-    const replies = await Promise.all(
-      Array.from({ length: 200 }, () =>
-        request(birch, VERB, { what: "needs", node: "birch" }).catch((e: Error) => ({ errorCode: e.message })),
-      ),
-    );
-    expect(replies.filter((r) => r.errorCode !== undefined)).toEqual([]);
-    const after = await requestsByInstance();
-    for (const [id, n] of after) expect(n - (before.get(id) ?? 0)).toBeGreaterThan(0);
-
-    await settled();
-    const lost = Object.fromEntries(Array.from({ length: 100 }, (_, i) => [`keycloak/c${i}`, `down@${at}`]));
-    expect(await failingOn(b.httpUrl, "loss")).toEqual(lost);
-    expect(await failingOn(a.httpUrl, "loss")).toEqual(lost);
-
-    await killed.start();
-    await tc.cluster.ready();
-  }, 90_000);
+  }, 120_000);
 
   it("lose nothing when one replica of the set is killed while events flow: the other takes over the durable consumers", async () => {
     const runsBefore = await eventRuns(b.httpUrl);
