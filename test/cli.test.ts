@@ -172,13 +172,18 @@ afterAll(() => {
 });
 
 describe("the version", () => {
-  it("is the package's, with --version or -V, and --help lists it", async () => {
+  it("is the package's, with --version or -V, and --help lists it; start --help lists the environment", async () => {
     const run = promisify(execFile);
     const bin = join(ROOT, "bin", "mesh-provisioner.mjs");
     const { version } = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { version: string };
     expect((await run("node", [bin, "--version"])).stdout).toBe(`${version}\n`);
     expect((await run("node", [bin, "-V"])).stdout).toBe(`${version}\n`);
     expect((await run("node", [bin, "--help"])).stdout).toMatch(/^ {2}-V, --version +print the version$/m);
+    // start --help says the environment it reads.
+    const start = (await run("node", [bin, "start", "--help"])).stdout;
+    for (const variable of ["NATS_URL", "NATS_USER, NATS_PASSWORD", "HTTP_HOST, HTTP_PORT", "HTTP_TOKEN", "LOG_LEVEL"]) {
+      expect(start).toContain(`  ${variable} `);
+    }
   });
 });
 
