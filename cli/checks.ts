@@ -1,5 +1,6 @@
 import type { NatsConnection } from "nats";
 import type { Check } from "../functions/_lib/checks.ts";
+import { DEFAULT_CHECK_REASON } from "../contract/events.ts";
 import { askAll, failingFor, shown, table, type AnswerOf } from "./ask.ts";
 
 /** Every kept check a narrowing reaches (docs/presence.md §16.5), through every page. */
@@ -17,7 +18,7 @@ export function formatChecks(answer: { entries: readonly (Check & { confirmed: b
         c.node,
         c.module,
         c.provision,
-        `${c.ok ? "ok" : (c.reason ?? "CheckFailed")} ${failingFor(c.since, now)}`,
+        `${c.ok ? "ok" : (c.reason ?? DEFAULT_CHECK_REASON)} ${failingFor(c.since, now)}`,
         c.confirmed ? "yes" : "no (node not reachable)",
         c.revision ?? "-",
         shown(c.message ?? "-", 80),

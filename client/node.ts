@@ -5,7 +5,15 @@
 import type { KV, NatsConnection } from "nats";
 import * as z from "zod/mini";
 import { token } from "../contract/keys.ts";
-import { checkedEvent, checkedSubject, refreshNotice, refreshSubject, type RefreshNotice } from "../contract/events.ts";
+import {
+  CHECK_REASON,
+  checkedEvent,
+  checkedSubject,
+  DEFAULT_CHECK_REASON,
+  refreshNotice,
+  refreshSubject,
+  type RefreshNotice,
+} from "../contract/events.ts";
 import { PRESENCE_EVERY_SECONDS, presenceValue } from "../contract/presence.ts";
 import {
   allPages,
@@ -164,7 +172,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     moduleArg(module);
     checked("provision", checkedEvent.shape.provision, provision);
     const read = checked("result", checkResult, result);
-    const said = [read.ok, read.ok ? "" : (read.reason ?? "CheckFailed"), read.revision ?? ""].join(" ");
+    const said = [read.ok, read.ok ? "" : (read.reason ?? DEFAULT_CHECK_REASON), read.revision ?? ""].join(" ");
     const id = `${module}.${provision}`;
     if (published.get(id) === said) return false;
     const event = { module, provision, ...read, at: new Date().toISOString() };
@@ -254,9 +262,9 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
             reason:
               err instanceof ProbeTimeout
                 ? "Timeout"
-                : typeof reason === "string" && /^[A-Z][A-Za-z0-9]*$/.test(reason)
+                : typeof reason === "string" && CHECK_REASON.test(reason)
                   ? reason
-                  : "CheckFailed",
+                  : DEFAULT_CHECK_REASON,
             message: err instanceof Error ? err.message : String(err),
           };
         } finally {

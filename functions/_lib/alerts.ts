@@ -6,6 +6,7 @@ import { decodeKey } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
 import type { Check } from "./checks.ts";
+import { DEFAULT_CHECK_REASON } from "../../contract/events.ts";
 import { sameJson } from "./text.ts";
 
 /** The alert name every failing triple is raised under. */
@@ -189,7 +190,7 @@ export function checkAlerts(failing: readonly Check[], now: Date): Map<string, P
   const firing = new Map<string, PostableAlert>();
   for (const c of failing) {
     if (c.ok) continue;
-    const reason = c.reason ?? "CheckFailed";
+    const reason = c.reason ?? DEFAULT_CHECK_REASON;
     firing.set(`check:${c.key}`, {
       labels: { alertname: CHECK_ALERTNAME, node: c.node, module: c.module, provision: c.provision, reason },
       annotations: {

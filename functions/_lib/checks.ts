@@ -14,9 +14,10 @@ import {
   type WriteBucket,
 } from "../../runtime/index.ts";
 import { DEFAULT_CHECK_REASON, MAX_WORD, type CheckedEvent } from "../../contract/events.ts";
-import { decodeKey, MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
+import { MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
 import { compareTimes, rfc3339 } from "../../contract/times.ts";
 import { cutText } from "./text.ts";
+import { jsonOf, valuesOf } from "./values.ts";
 
 /** The subjects checks are published on, one token a node (docs/presence.md §16.5). */
 export const CHECKED_SUBJECTS = "mesh-provisioner.checked.*";
@@ -80,18 +81,9 @@ export function decideCheck(kept: CheckValue | undefined, e: CheckedEvent): { ch
   return { change: "older" };
 }
 
-const decoder = new TextDecoder();
-
 /** A check's last record read: its value, or `undefined` when never written, deleted or unreadable. */
-function keptOf(record: KeyRecord | null): CheckValue | undefined {
-  if (record === null || record.deleted) return undefined;
-  try {
-    const read = checkValue.safeParse(JSON.parse(decoder.decode(record.value)));
-    return read.success ? read.data : undefined;
-  } catch {
-    return undefined;
-  }
-}
+const keptOf = (record: KeyRecord | null): CheckValue | undefined =>
+  record === null || record.deleted ? undefined : jsonOf(checkValue, record.value);
 
 /** Compare-and-set rounds one check may lose before it is a fault. */
 const MAX_ATTEMPTS = 500;
@@ -130,17 +122,6 @@ export function checksOf(entries: readonly { key: string; value: Uint8Array }[])
   checks: Check[];
   outOfShape: { key: string; reason: string }[];
 } {
-  const checks: Check[] = [];
-  const outOfShape: { key: string; reason: string }[] = [];
-  for (const { key, value } of entries) {
-    const decoded = decodeKey("checks", key);
-    if (!decoded.ok) {
-      outOfShape.push({ key, reason: decoded.reason });
-      continue;
-    }
-    const read = keptOf({ key, value, deleted: false } as KeyRecord);
-    if (read === undefined) outOfShape.push({ key, reason: "value is not { ok, reason, message, revision, since, at }" });
-    else checks.push({ key, ...decoded.fields, ...read });
-  }
-  return { checks, outOfShape };
+  const { values, outOfShape } = valuesOf("checks", checkValue, "{ ok, reason, message, revision, since, at }", entries);
+  return { checks: values.map(({ key, fields, value }) => ({ key, ...fields, ...value })), outOfShape };
 }

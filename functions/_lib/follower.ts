@@ -2,7 +2,6 @@ import { LRUCache } from "lru-cache";
 import { z } from "zod";
 import {
   badInput,
-  formatIssues,
   keyedSerial,
   RevisionConflict,
   type KeyRecord,
@@ -10,10 +9,11 @@ import {
   type TriggerInfo,
   type WriteBucket,
 } from "../../runtime/index.ts";
-import { decodeKey, MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
+import { MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
 import { compareTimes, rfc3339 } from "../../contract/times.ts";
 import { MAX_WORD, type FailingEvent, type RecoveredEvent } from "../../contract/events.ts";
 import { compareText, cutText } from "./text.ts";
+import { jsonOf, valuesOf } from "./values.ts";
 
 /** The config's stream the providers' events are kept in, followed by durable consumers (docs/failing.md §5.4). */
 export const EVENTS_STREAM = "events";
@@ -50,16 +50,6 @@ export type Kept =
   | { readonly state: "recovered"; readonly revision: number; readonly at: string; readonly since?: string }
   | { readonly state: "none"; readonly revision: number };
 
-const decoder = new TextDecoder();
-function parsed<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
-  try {
-    const result = schema.safeParse(JSON.parse(decoder.decode(value)));
-    return result.success ? result.data : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 /**
  * Reads a triple's last record: a live value is a failing, a delete marker holding a
  * recovery is a recovered (remembered so older events cannot raise it again), anything else
@@ -68,10 +58,10 @@ function parsed<T>(schema: z.ZodType<T>, value: Uint8Array): T | undefined {
 export function keptOf(record: KeyRecord | null): Kept {
   if (record === null) return { state: "none", revision: 0 };
   if (!record.deleted) {
-    const value = parsed(failingValue, record.value);
+    const value = jsonOf(failingValue, record.value);
     return value === undefined ? { state: "none", revision: record.revision } : { state: "failing", revision: record.revision, ...value };
   }
-  const value = parsed(recoveredValue, record.value);
+  const value = jsonOf(recoveredValue, record.value);
   return value === undefined
     ? { state: "none", revision: record.revision }
     : { state: "recovered", revision: record.revision, at: value.recovered, ...(value.since ? { since: value.since } : {}) };
@@ -234,24 +224,6 @@ export function failingOf(entries: readonly { key: string; value: Uint8Array }[]
   failing: Failing[];
   outOfShape: { key: string; reason: string }[];
 } {
-  const failing: Failing[] = [];
-  const outOfShape: { key: string; reason: string }[] = [];
-  for (const { key, value } of entries) {
-    const decoded = decodeKey("failing", key);
-    if (!decoded.ok) {
-      outOfShape.push({ key, reason: decoded.reason });
-      continue;
-    }
-    let json: unknown;
-    try {
-      json = JSON.parse(decoder.decode(value));
-    } catch (err) {
-      outOfShape.push({ key, reason: `value is not JSON: ${(err as Error).message}` });
-      continue;
-    }
-    const checked = failingValue.safeParse(json);
-    if (!checked.success) outOfShape.push({ key, reason: `value is not { word, since, at }: ${formatIssues(checked.error.issues)}` });
-    else failing.push({ ...decoded.fields, ...checked.data });
-  }
-  return { failing: failing.sort(byTriple), outOfShape };
+  const { values, outOfShape } = valuesOf("failing", failingValue, "{ word, since, at }", entries);
+  return { failing: values.map(({ fields, value }) => ({ ...fields, ...value })).sort(byTriple), outOfShape };
 }

@@ -4,6 +4,7 @@
  * conditions made from its parts and from what the keeper knows of other modules and buckets.
  */
 import type { Check } from "../checks.ts";
+import { DEFAULT_CHECK_REASON } from "../../../contract/events.ts";
 import {
   checkFailingCondition,
   revisionMismatchCondition,
@@ -154,7 +155,7 @@ export function trackedModuleOf(key: string, parts: ModuleParts, facts: CrossMod
       const newest = facts.rotatedTo.get(`${c.provision} ${key}`) ?? facts.rotatedTo.get(c.provision);
       return {
         provision: c.provision,
-        reason: c.reason ?? "CheckFailed",
+        reason: c.reason ?? DEFAULT_CHECK_REASON,
         message: c.message,
         revision: c.revision,
         since: c.since,
