@@ -187,32 +187,3 @@ describe("RevisionMismatch (docs/presence.md §16.6)", () => {
     expect((await stateOf("dogwood", "app")).conditions).toEqual([]);
   });
 });
-
-describe("keepChecking (docs/client.md §9.1)", () => {
-  it("publishes only the changes of a probe's result, a probe that hangs timing out", async () => {
-    const events = async () =>
-      (await (await seat.jetstreamManager()).streams.info("mesh-provisioner_events", { subjects_filter: "mesh-provisioner.checked.alder" }))
-        .state.subjects?.["mesh-provisioner.checked.alder"] ?? 0;
-    const before = await events();
-    let probes = 0;
-    const steady = alder.keepChecking("caddy", "acme", () => void probes++, { everySeconds: 0.1 });
-    await until(() => probes >= 20);
-    steady.stop();
-    // Twenty probes of one result: one event.
-    expect((await events()) - before).toBe(1);
-    const hung = alder.keepChecking("caddy", "dns", () => new Promise<void>(() => {}), { everySeconds: 60, timeoutSeconds: 0.3 });
-    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "dns" })).length === 1);
-    hung.stop();
-    expect((await checksOf({ node: "alder", module: "caddy", provision: "dns" }))[0]).toMatchObject({
-      ok: false,
-      reason: "Timeout",
-      message: "the probe did not finish within 0.3 s",
-    });
-  });
-
-  it("refuses bad arguments with a ClientArgumentError", () => {
-    expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(/provision/);
-    expect(() => alder.keepChecking("caddy", "acme", "nope" as never)).toThrow(/probe must be a function/);
-    expect(() => alder.keepChecking("caddy", "acme", () => {}, { everySeconds: 0 })).toThrow(/options\.everySeconds/);
-  });
-});

@@ -1,0 +1,83 @@
+import type { NatsConnection } from "nats";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ClientArgumentError, connectNode, type NodeClient } from "../client/index.ts";
+import type { Check } from "../functions/_lib/checks.ts";
+import type { Running } from "../runtime/index.ts";
+import type { TestBus } from "../runtime/testing.ts";
+import { request, startSet, testBus, until } from "./helpers.ts";
+
+// docs/client.md §9.1: a probe run on a timer, its result published only when it changes. A file
+// of its own: its first test takes a minute, and runs beside the other files.
+let bus: TestBus;
+let set: Running;
+let seat: NatsConnection;
+let alder: NodeClient;
+
+beforeAll(async () => {
+  bus = await testBus();
+  set = await startSet(bus);
+  seat = await bus.connect();
+  alder = await connectNode({ servers: bus.url, node: "alder", credentials: { password: bus.server.users.alder!.password } });
+});
+afterAll(async () => {
+  await alder?.close();
+  await set?.stop();
+  await bus?.stop();
+});
+
+/** How many check events of node alder the events stream holds. */
+const events = async () =>
+  (await (await seat.jetstreamManager()).streams.info("mesh-provisioner_events", { subjects_filter: "mesh-provisioner.checked.alder" }))
+    .state.subjects?.["mesh-provisioner.checked.alder"] ?? 0;
+const checksOf = async (narrowing: Record<string, unknown>) =>
+  ((await request(seat, "mesh-provisioner.provisioning", { what: "checks", ...narrowing })).body as { entries: Check[] }).entries;
+
+describe("keepChecking (docs/client.md §9.1)", () => {
+  it("publishes one event over a minute of steady results, and one more when the result changes", { timeout: 120_000 }, async () => {
+    const before = await events();
+    let probes = 0;
+    let failing = false;
+    const steady = alder.keepChecking(
+      "caddy",
+      "acme",
+      () => {
+        probes++;
+        if (failing) throw new Error("certificate expired");
+      },
+      { everySeconds: 1 },
+    );
+    const began = Date.now();
+    await until(() => Date.now() - began >= 60_000, 70_000);
+    // A minute of one result, a probe a second: one event.
+    expect(probes).toBeGreaterThanOrEqual(55);
+    expect((await events()) - before).toBe(1);
+    failing = true;
+    const seen = probes;
+    await until(() => probes >= seen + 3);
+    steady.stop();
+    expect((await events()) - before).toBe(2);
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "acme" }))[0]?.ok === false);
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "acme" }))[0]).toMatchObject({
+      ok: false,
+      message: "certificate expired",
+    });
+  });
+
+  it("gives a probe that hangs up after its timeout: a failing check, reason Timeout", async () => {
+    const hung = alder.keepChecking("caddy", "dns", () => new Promise<void>(() => {}), { everySeconds: 60, timeoutSeconds: 0.3 });
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "dns" })).length === 1);
+    hung.stop();
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "dns" }))[0]).toMatchObject({
+      ok: false,
+      reason: "Timeout",
+      message: "the probe did not finish within 0.3 s",
+    });
+  });
+
+  it("refuses bad arguments with a ClientArgumentError", () => {
+    expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(ClientArgumentError);
+    expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(/provision/);
+    expect(() => alder.keepChecking("caddy", "acme", "nope" as never)).toThrow(/probe must be a function/);
+    expect(() => alder.keepChecking("caddy", "acme", () => {}, { everySeconds: 0 })).toThrow(/options\.everySeconds/);
+  });
+});
