@@ -5,6 +5,7 @@ import {
   failingChecksOf,
   NO_PROVISIONING,
   nodesStatusOf,
+  notWellCount,
   PRESENCES,
   provisioningConfig,
   provisioningOf,
@@ -47,6 +48,14 @@ export default defineFunction({
       collect: async (ctx) => {
         const { model } = await readModel(ctx, { stale: true });
         return STATES.map((state) => ({ labels: { state }, value: model.counts[state] }));
+      },
+    },
+    modules_not_well: {
+      type: "gauge",
+      help: "Modules that count against the mesh now (docs/state.md §7.6): status is not well while there are any",
+      collect: async (ctx) => {
+        const { model } = await readModel(ctx, { stale: true });
+        return notWellCount(model, ctx.clock.now());
       },
     },
     stale_holders: {

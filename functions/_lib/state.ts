@@ -42,6 +42,7 @@ export {
   modulesOf,
   moduleStateAt,
   nodesAt,
+  notWellCount,
   nodesStatusOf,
   provisioningOf,
   staleHoldersAt,

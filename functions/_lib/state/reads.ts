@@ -142,6 +142,13 @@ export function provisioningOf(
   return { counts, notWell, omitted: 0 };
 }
 
+/** How many modules of `model` count against the mesh at `now` (docs/state.md §7.6): status is not well while any do. */
+export function notWellCount(model: Model, now: Date): number {
+  let notWell = 0;
+  for (const tracked of mayCountAgainst(model, now)) if (countsAgainstAt(model, tracked, now)) notWell++;
+  return notWell;
+}
+
 /** The holders stale past their rotation's grace at `now` (docs/rotation.md §8.3), narrowed as status is. */
 export function staleHoldersOf(
   model: Model,
