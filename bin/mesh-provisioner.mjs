@@ -13,6 +13,10 @@ if (process.argv.length === 3 && (process.argv[2] === "--version" || process.arg
   console.log(JSON.parse(readFileSync(join(root, "package.json"), "utf8")).version);
   process.exit(0);
 }
+// Node 22.1 and later keep what they compiled of the modules below, for the next start
+// (docs/scale.md §11.2.2): under the default state folder, or NODE_COMPILE_CACHE when set.
+const { default: module } = await import("node:module");
+module.enableCompileCache?.(process.env.NODE_COMPILE_CACHE ?? join(root, ".state", "compile-cache"));
 const build = currentBuild(root);
 if (build !== undefined) {
   await import(pathToFileURL(join(root, DIST, build.entries["cli/main.ts"])).href);

@@ -3,9 +3,17 @@
  * events, the NATS connection) and the metrics functions declare, in one registry served on
  * `GET /metrics` (docs/runtime.md §6.3.5).
  */
-import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { createRequire } from "node:module";
+import type { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Logger } from "pino";
 import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration, StoreUse } from "./types.ts";
+
+/**
+ * prom-client, loaded when the first registry is made: a command line call that makes none
+ * never loads it (docs/scale.md §11.2.3). A CommonJS package: the same module as an import of it.
+ */
+let promClient: typeof import("prom-client") | undefined;
+const prom = () => (promClient ??= createRequire(import.meta.url)("prom-client") as typeof import("prom-client"));
 
 /** The runtime's Prometheus metrics, in a registry of their own (served on `GET /metrics`). */
 export interface Metrics {
@@ -64,6 +72,7 @@ export function declareMetric(
   collect: (() => Promise<unknown>) | undefined,
   log: Logger,
 ): CounterMetric | GaugeMetric {
+  const { Counter, Gauge } = prom();
   const common = { name, help: declaration.help, labelNames: [...(declaration.labels ?? [])], registers: [registry] };
   const finite = (op: string, value: number, min = -Infinity) => {
     if (typeof value !== "number" || !Number.isFinite(value) || value < min) {
@@ -120,6 +129,7 @@ export function declareMetric(
  * messages, each durable's pending and unacknowledged messages.
  */
 function storeGauges(registry: Registry, store: () => StoreUse): void {
+  const { Gauge } = prom();
   const registers = [registry];
   const each = (name: string, help: string, labelNames: string[], values: (use: StoreUse) => [Labels, number][]) =>
     new Gauge({
@@ -170,6 +180,7 @@ function storeGauges(registry: Registry, store: () => StoreUse): void {
 
 /** A new set of the runtime's metrics; with `store`, the gauges of what JetStream stores. */
 export function createMetrics(store?: () => StoreUse): Metrics {
+  const { Counter, Gauge, Histogram, Registry } = prom();
   const registry = new Registry();
   const registers = [registry];
   if (store !== undefined) storeGauges(registry, store);

@@ -1,20 +1,14 @@
 /**
  * The `{ http: "METHOD /path" }` trigger kind: a route of the set's one HTTP server (Hono on
- * Node), beside the runtime's own `/healthz`, `/readyz` and `/metrics`. It always listens, also
- * when no function has a route; with a token, every path but `/healthz` and `/readyz` asks for
- * it; it refuses to start on a host that is not loopback without one (docs/runtime.md §6.3.4).
+ * Node, ../http-server.ts, loaded when the kind binds: a command line call never loads it), beside
+ * the runtime's own `/healthz`, `/readyz` and `/metrics`. It always listens, also when no
+ * function has a route; with a token, every path but `/healthz` and `/readyz` asks for it; it
+ * refuses to start on a host that is not loopback without one (docs/runtime.md §6.3.4).
  */
-import type { Server } from "node:http";
 import { BlockList, isIP } from "node:net";
-import { serve, type ServerType } from "@hono/node-server";
-import { Hono, type Context as HonoContext, type MiddlewareHandler } from "hono";
-import { bearerAuth } from "hono/bearer-auth";
-import { HTTPException } from "hono/http-exception";
 import { z } from "zod";
-import { errorBody } from "../errors.ts";
-import { HtmlText, jsonOf } from "../json.ts";
-import type { RawInput } from "../types.ts";
-import type { BindEnv, FunctionRef, Target, TriggerKind } from "./kind.ts";
+import type { HttpInfo } from "../http-server.ts";
+import type { TriggerKind } from "./kind.ts";
 
 /** HTTP methods a function can be bound to. */
 export const HTTP_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
@@ -22,51 +16,16 @@ export type HttpMethod = (typeof HTTP_METHODS)[number];
 
 /** `{ http: "METHOD /path" }`. */
 export type HttpTrigger = { readonly http: `${HttpMethod} /${string}` };
-/** What a request's run says of it: the method and the route's path. */
-export type HttpInfo = { readonly kind: "http"; readonly method: string; readonly path: string };
+export type { HttpInfo };
 
 /** HTTP paths the runtime answers itself: health, readiness and metrics. */
 export const RUNTIME_PATHS = ["/healthz", "/readyz", "/metrics"];
-/** The paths open without the token: an orchestrator's probes carry none (docs/runtime.md §6.3.5). */
-export const OPEN_PATHS = ["/healthz", "/readyz"];
 
 const schema = z.strictObject({
   http: z
     .string()
     .regex(new RegExp(`^(${HTTP_METHODS.join("|")}) /\\S*$`), `must be "METHOD /path" with METHOD one of ${HTTP_METHODS.join(", ")}`),
 }) as unknown as z.ZodType<HttpTrigger>;
-
-/** Reads an HTTP request's input: the query of a GET or DELETE, the JSON body otherwise. */
-async function httpInput(c: HonoContext): Promise<RawInput> {
-  if (c.req.method === "GET" || c.req.method === "DELETE") {
-    const queries = c.req.queries();
-    return { value: Object.fromEntries(Object.entries(queries).map(([k, v]) => [k, v.length === 1 ? v[0] : v])) };
-  }
-  return { data: new Uint8Array(await c.req.arrayBuffer()) };
-}
-
-/** A fresh header object per answer: Hono keeps and changes the one it is given. */
-const jsonType = () => ({ "content-type": "application/json" });
-const htmlType = () => ({ "content-type": "text/html; charset=utf-8" });
-
-const refusal = (code: number, message: string) => new Response(errorBody(code, message), { status: code, headers: jsonType() });
-
-/**
- * Hono's `bearerAuth` on every path but {@link OPEN_PATHS}: no `Authorization` header or another
- * token is a 401, a header that is not `Bearer <token>` a 400, each with the body of
- * docs/verb.md §4. The token is compared in constant time and never said.
- */
-function tokenGuard(token: string): MiddlewareHandler {
-  const guard = bearerAuth({
-    token,
-    noAuthenticationHeader: {
-      message: () => refusal(401, "this route asks for the bearer token HTTP_TOKEN sets: send Authorization: Bearer <token>"),
-    },
-    invalidAuthenticationHeader: { message: () => refusal(400, 'the Authorization header is not "Bearer <token>"') },
-    invalidToken: { message: () => refusal(401, "the bearer token is not the one HTTP_TOKEN sets") },
-  });
-  return (c, next) => (OPEN_PATHS.includes(c.req.path) ? next() : guard(c, next));
-}
 
 const loopback = new BlockList();
 loopback.addSubnet("127.0.0.0", 8, "ipv4");
@@ -77,82 +36,6 @@ export function isLoopback(host: string): boolean {
   if (host.toLowerCase() === "localhost") return true;
   const family = isIP(host);
   return family !== 0 && loopback.check(host, family === 4 ? "ipv4" : "ipv6");
-}
-
-/**
- * One Hono app with a route per trigger. Answers are JSON (an `HtmlText` one HTML), with the status the run asked for
- * (200 unless the handler gave `WithStatus`); a refusal has the status of its code and the body
- * of docs/verb.md §4; an unknown route is a JSON 404. With `token`, every path but
- * {@link OPEN_PATHS} asks for it first ({@link tokenGuard}). Besides, `GET /healthz`
- * answers 200 `{ ok: true }`, or 503 `{ ok: false, reasons }` with what `probes.live` says;
- * `GET /readyz` 200 `{ ready: true }`, or 503 `{ ready: false, reasons }` with what
- * `probes.ready` says is missing; and `GET /metrics` the metrics in Prometheus's text format.
- */
-export function httpApp<F extends FunctionRef>(
-  targets: readonly Target<HttpTrigger, F>[],
-  env: Pick<BindEnv<F, HttpInfo>, "run" | "log" | "probes" | "metrics">,
-  token?: string,
-): Hono {
-  const app = new Hono();
-  if (token !== undefined) app.use(tokenGuard(token));
-  app.get("/healthz", (c) => {
-    const dead = env.probes.live();
-    return dead.length === 0 ? c.json({ ok: true }) : c.json({ ok: false, reasons: dead }, 503);
-  });
-  app.get("/metrics", async (c) => {
-    const { text, contentType } = await env.metrics();
-    return c.body(text, 200, { "content-type": contentType });
-  });
-  app.get("/readyz", (c) => {
-    const notReady = env.probes.ready();
-    return notReady.length === 0 ? c.json({ ready: true }) : c.json({ ready: false, reasons: notReady }, 503);
-  });
-  for (const { fn, trigger } of targets) {
-    const [method, path] = trigger.http.split(" ") as [string, string];
-    app.on(method, path, async (c) => {
-      const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
-      if (outcome.ok && outcome.value instanceof HtmlText) return c.body(outcome.value.text, (outcome.status ?? 200) as 200, htmlType());
-      if (outcome.ok) return c.body(jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());
-      return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());
-    });
-  }
-  // What escapes a route (a client gone mid-request): a log line, not Hono's console output.
-  app.onError((err, c) => {
-    if (err instanceof HTTPException) return err.getResponse(); // the token guard's refusals
-    env.log.warn({ method: c.req.method, path: c.req.path, err: err.message }, "HTTP request not answered");
-    return c.body(errorBody(500, `the request could not be read: ${err.message}`), 500, jsonType());
-  });
-  app.notFound((c) => c.body(errorBody(404, `no function at ${c.req.method} ${c.req.path}`), 404, jsonType()));
-  return app;
-}
-
-function listen(app: Hono, host: string, port: number): Promise<ServerType> {
-  return new Promise((resolve, reject) => {
-    const server = serve({ fetch: app.fetch, hostname: host, port }, () => resolve(server));
-    server.once("error", (err: NodeJS.ErrnoException) =>
-      reject(
-        new Error(
-          err.code === "EADDRINUSE"
-            ? `HTTP port ${port} on ${host} is in use: set HTTP_PORT to another port (0 picks a free one)`
-            : `HTTP server cannot listen on ${host}:${port}: ${err.message}`,
-          { cause: err },
-        ),
-      ),
-    );
-  });
-}
-
-/**
- * Closes the HTTP server: no new connection, idle ones closed now, those still busy after
- * `graceMs` closed too (a client that never finishes its request cannot hold stop).
- */
-async function closeHttp(http: ServerType, graceMs: number): Promise<void> {
-  const server = http as Server;
-  const closed = new Promise((resolve) => server.close(resolve));
-  server.closeIdleConnections();
-  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
-  await closed;
-  clearTimeout(timer);
 }
 
 export const http: TriggerKind<"http", HttpTrigger, HttpInfo> = {
@@ -182,6 +65,7 @@ export const http: TriggerKind<"http", HttpTrigger, HttpInfo> = {
     if (token === undefined && !isLoopback(host)) {
       env.log.warn({ host }, "HTTP is open to the network without a token: HTTP_TRUSTED_NETWORK says it is trusted");
     }
+    const { closeHttp, httpApp, listen } = await import("../http-server.ts");
     const server = await listen(httpApp(targets, env, token), host, port);
     const bound = (server.address() as { port: number }).port;
     return { url: `http://${host}:${bound}`, stop: () => closeHttp(server, env.graceMs) };
