@@ -19,15 +19,30 @@ export interface DemoBus {
   credentials(user: string): Credentials;
 }
 
+/** `connecting`'s client, or an error naming the demo's `user` and where its password comes from. */
+async function as<T>(user: string, connecting: Promise<T>): Promise<T> {
+  try {
+    return await connecting;
+  } catch (err) {
+    throw new Error(
+      `the demo's user ${user} cannot connect: ${(err as Error).message} (its password is the one of .state/users.json, or of the --users file on a server of your own)`,
+      { cause: err },
+    );
+  }
+}
+
 /** `provider`'s client on the demo's bus. */
 const providerOn = (bus: DemoBus, provider: string) =>
-  connectProvider({ servers: bus.servers, provider, credentials: bus.credentials(provider), name: `${provider} provider` });
+  as(provider, connectProvider({ servers: bus.servers, provider, credentials: bus.credentials(provider), name: `${provider} provider` }));
 /**
  * `node`'s client on the demo's bus. It writes once and leaves, so it writes no presence: its
  * node is silent, and nothing is inferred from that (docs/presence.md §16.1).
  */
 const nodeOn = (bus: DemoBus, node: string) =>
-  connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client`, presence: false });
+  as(
+    node,
+    connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client`, presence: false }),
+  );
 
 /** Asks `shown` every 100 ms until it holds, for up to {@link WAIT_MS}; then throws `what was published but …`. */
 async function untilShown(shown: () => Promise<boolean>, what: string): Promise<void> {
@@ -81,7 +96,10 @@ export async function writeDemo(config: Config, bus: DemoBus): Promise<Record<st
   // The controller first: its assignments mirror (docs/state.md §7.1).
   const controller = config.embedded.controllers[0] ?? "mesh-controller";
   if (config.buckets.assignments !== undefined) {
-    const mesh = await openMesh({ servers: bus.servers, credentials: bus.credentials(controller), name: `${controller} assignments` });
+    const mesh = await as(
+      controller,
+      openMesh({ servers: bus.servers, credentials: bus.credentials(controller), name: `${controller} assignments` }),
+    );
     try {
       const kv = await mesh.nc.jetstream().views.kv(config.buckets.assignments.bucket, { bindOnly: true, allow_direct: true });
       const assignments = assignmentsOf();
@@ -166,7 +184,10 @@ export async function publishDemoRotation(bus: DemoBus): Promise<void> {
  * unreachable once `presence.ttlSeconds` (or three of its periods) have passed with no write.
  */
 export async function silenceDemoNode(bus: DemoBus, node: string): Promise<void> {
-  const client = await connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client` });
+  const client = await as(
+    node,
+    connectNode({ servers: bus.servers, node, credentials: bus.credentials(node), name: `${node} provisioner client` }),
+  );
   await client.close();
 }
 

@@ -160,7 +160,11 @@ export async function connectTo(servers: readonly string[], options: Partial<Con
       code === "BAD_CREDS"
         ? "the creds file is not a NATS creds file (a user JWT and its nkey seed)"
         : code === "AUTHORIZATION_VIOLATION"
-          ? "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
+          ? options.user !== undefined
+            ? `the server refused the credentials of user ${options.user} (check NATS_USER and NATS_PASSWORD, or NATS_CREDS, NATS_NKEY, NATS_TOKEN)`
+            : options.token === undefined && options.authenticator === undefined
+              ? "the server asks for credentials and none were given: set NATS_USER and NATS_PASSWORD (the seat's), or NATS_CREDS, NATS_NKEY or NATS_TOKEN"
+              : "the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)"
           : code === "TIMEOUT"
             ? "no connection within 5 s (is the URL right? does the server want TLS: NATS_CA, NATS_CERT, NATS_KEY?)"
             : message;

@@ -189,7 +189,12 @@ describe("credentials", () => {
       Promise.reject(new Error("unused")),
     );
     expect(refused).toBe(
-      `cannot connect to ${bus.url}: the server refused the credentials (check NATS_CREDS, NATS_NKEY, NATS_USER and NATS_PASSWORD, or NATS_TOKEN)`,
+      `cannot connect to ${bus.url}: the server refused the credentials of user mesh-provisioner (check NATS_USER and NATS_PASSWORD, or NATS_CREDS, NATS_NKEY, NATS_TOKEN)`,
+    );
+    // None given to a server that asks for some: said so, naming what to set.
+    const none = await serves(configWith(bus.url, {}), () => Promise.reject(new Error("unused")));
+    expect(none).toBe(
+      `cannot connect to ${bus.url}: the server asks for credentials and none were given: set NATS_USER and NATS_PASSWORD (the seat's), or NATS_CREDS, NATS_NKEY or NATS_TOKEN`,
     );
   });
 

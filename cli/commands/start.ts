@@ -6,7 +6,7 @@ import { onStopSignals } from "../signals.ts";
 const START_HELP = `
 The program's options apply: -c, --config <file> (default wrangler-free.config.ts), before the command.
 
-Environment (docs/runtime.md §6.6; each overrides its field of the config):
+Environment (docs/configuration.md §18.2; each that names a field of the config overrides it):
   NATS_URL                 server URLs, comma-separated; unset with no nats.servers: the embedded nats-server
   NATS_USER, NATS_PASSWORD the seat's user and password
   NATS_CREDS, NATS_NKEY    a credentials file, an nkey seed file
@@ -19,6 +19,7 @@ Environment (docs/runtime.md §6.6; each overrides its field of the config):
   HTTP_TOKEN               the bearer token HTTP asks for (but /healthz and /readyz)
   HTTP_TRUSTED_NETWORK     1 or true: listen on a host that is not loopback without a token
   LOG_LEVEL                trace, debug, info, warn, error, fatal or silent (default info)
+  NODE_COMPILE_CACHE       where Node 22.1 and later keep their compile cache (default .state/compile-cache)
 
 It runs until SIGINT or SIGTERM (docs/operations.md §13.3).`;
 
