@@ -191,6 +191,48 @@ describe("the page GET /", () => {
     await page.close();
   });
 
+  it("marks every module that counts against the mesh, whatever its state, and names those cells above the grid", async () => {
+    const page = await open();
+    const banner = Number(/(\d+) modules? not well/.exec(await page.locator(".banner").innerText())![1]);
+    expect(banner).toBeGreaterThan(1);
+    // Applied, and not well (grafana on dogwood: its provider keycloak fails it): not green.
+    const grafana = page.locator(".grid td").filter({ has: page.locator('a[aria-label="dogwood grafana: applied, not well"]') });
+    expect(await grafana.getAttribute("class")).toBe("s-applied nw");
+    expect(await grafana.evaluate((td) => getComputedStyle(td).backgroundColor)).toBe("rgb(255, 216, 211)");
+    const applied = page.locator(".grid td.s-applied:not(.nw)").first();
+    expect(await applied.evaluate((td) => getComputedStyle(td).backgroundColor)).toBe("rgb(218, 251, 225)");
+    expect(await page.locator(".grid td.nw").count()).toBe(banner);
+    const cue = page.locator("#grid .cue");
+    expect(await cue.innerText()).toMatch(new RegExp(`^Not well in the grid \\(${banner}\\): .*dogwood / grafana`));
+    expect(await cue.locator("a").count()).toBe(banner);
+    await page.close();
+    // At the phone's width the cue is on screen where the grid's cells may not be, and opens the module.
+    const phone = await open("/", PHONE);
+    const box = (await phone.locator("#grid .cue").boundingBox())!;
+    expect(box.x + box.width).toBeLessThanOrEqual(PHONE.width);
+    await phone.locator("#grid .cue a", { hasText: "dogwood / grafana" }).click();
+    await phone.waitForURL(/open=dogwood\.grafana/);
+    await phone.close();
+  });
+
+  it("keeps the modules not well under a provider filter, saying so", async () => {
+    const page = await open("/?provider=keycloak");
+    const banner = Number(/(\d+) modules? not well/.exec(await page.locator(".banner").innerText())![1]);
+    expect(await page.locator("#notwell h2").innerText()).toMatch(
+      new RegExp(`modules not well \\(${banner}, not narrowed by provider\\)$`),
+    );
+    await page.close();
+  });
+
+  it("counts a module's needs as its state does, and says a key out of shape", async () => {
+    const page = await open("/?open=dogwood.grafana");
+    const detail = page.locator("#detail");
+    const needs = Number(/(\d+) needs?/.exec(await detail.locator("p").filter({ hasText: "since" }).innerText())![1]);
+    expect(await detail.locator("h3").nth(1).innerText()).toBe(`Needs (${needs}, and 1 key out of shape)`);
+    expect((await detail.locator(".stray").innerText()).trim()).toBe("out of shape: needs keys have 4 tokens, this has 3");
+    await page.close();
+  });
+
   it("shows a triple's history as a timeline: its failing span, its recovery", async () => {
     const page = await open("/?triple=postgres.birch.gitea");
     const timeline = page.locator("#timeline");

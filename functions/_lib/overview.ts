@@ -7,9 +7,10 @@ import { z } from "zod";
 import type { ReadStream } from "../../runtime/index.ts";
 import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
-import { token } from "../../contract/keys.ts";
+import { decodeKey, token } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
 import {
+  countsAgainstAt,
   modulesOf,
   moduleStateAt,
   nodesStatusOf,
@@ -61,7 +62,8 @@ export interface Opened {
   readonly state: ModuleState | undefined;
   readonly node: string;
   readonly module: string;
-  readonly needs: readonly { readonly key: string; readonly value: string }[];
+  /** Its keys of the needs bucket; `outOfShape` the reason of one that is no need (docs/buckets.md §2.3). */
+  readonly needs: readonly { readonly key: string; readonly value: string; readonly outOfShape?: string }[];
   readonly applied: { readonly value: string; readonly at: string } | null;
 }
 
@@ -77,10 +79,14 @@ export interface Overview {
   readonly failing: readonly Failing[];
   readonly stale: readonly StaleHolder[];
   readonly notWell: readonly ModuleState[];
+  /** Whether {@link Overview.notWell} is the modules not well of the whole mesh, not narrowed by the provider filter. */
+  readonly notWellUnnarrowed: boolean;
   readonly grid: {
     readonly nodes: readonly string[];
     readonly modules: readonly string[];
     readonly cells: ReadonlyMap<string, ModuleState>;
+    /** The cells' keys whose module counts against the mesh (docs/state.md §7.6), in the grid's order. */
+    readonly notWell: readonly string[];
   };
   /** Nodes the filters reach beyond {@link GRID_NODES}. */
   readonly gridHidden: number;
@@ -123,6 +129,7 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
   const nodes = new Set<string>();
   const modules = new Set<string>();
   const cells = new Map<string, ModuleState>();
+  const notWellCells: string[] = [];
   const gridNodes = new Set<string>();
   let gridHidden = 0;
   for (const tracked of modulesOf(model.modules)) {
@@ -136,6 +143,7 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     }
     gridNodes.add(n);
     cells.set(tracked.base.key, stateAt(model, tracked, now, graceSeconds));
+    if (countsAgainstAt(model, tracked, now)) notWellCells.push(tracked.base.key);
   }
   const reaches = (f: { provider?: string; node?: string; machine?: string; module?: string; consumer?: string }) =>
     (provider === undefined || f.provider === undefined || f.provider === provider) &&
@@ -169,8 +177,10 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     providers: [...providers].sort(),
     failing: status.failing.filter(reaches),
     stale: status.stale.filter(reaches),
-    notWell: provider === undefined ? status.provisioning.notWell.filter(reaches) : [],
-    grid: { nodes: [...gridNodes], modules: [...new Set([...cells.values()].map((s) => s.module))].sort(), cells },
+    // A module names no provider: the provider filter leaves them all, said so in their list.
+    notWell: status.provisioning.notWell.filter((m) => (node === undefined || m.node === node) && (module === undefined || m.module === module)),
+    notWellUnnarrowed: provider !== undefined,
+    grid: { nodes: [...gridNodes], modules: [...new Set([...cells.values()].map((s) => s.module))].sort(), cells, notWell: notWellCells },
     gridHidden,
     registry: registry.map((e) => {
       let value: Record<string, unknown> | null = null;
@@ -194,7 +204,10 @@ async function openedOf(inputs: StateInputs, key: string, state: ModuleState | u
     state,
     node,
     module,
-    needs: needs.map((e) => ({ key: e.key, value: text(e.value) })),
+    needs: needs.map((e) => {
+      const decoded = decodeKey("needs", e.key);
+      return { key: e.key, value: text(e.value), ...(decoded.ok ? {} : { outOfShape: decoded.reason }) };
+    }),
     applied: applied === null ? null : { value: text(applied.value), at: applied.created.toISOString() },
   };
 }

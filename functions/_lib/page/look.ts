@@ -39,7 +39,8 @@ th,td{text-align:left;padding:4px 8px;border-bottom:1px solid var(--line);vertic
 .s-applied{background:#dafbe1;color:#0a3622}.s-declares-nothing{background:#eef6ef;color:#2a4a33}
 .s-pending{background:#fff4c5;color:#5c4400}.s-never-ran{background:#ddf4ff;color:#0a3069}
 .s-failed{background:#ffd8d3;color:#7a0d17}.s-unassigned{background:#eaeef2;color:#424a53}
-.bad{background:#cf222e;color:#fff}
+.nw,.grid td.nw{background:#ffd8d3;color:#7a0d17;box-shadow:inset 0 0 0 2px #cf222e}
+.cue{margin:0 0 8px;font-weight:600;color:#7a0d17}.stray{color:#a40e26;font-size:13px}
 .legend{display:flex;flex-wrap:wrap;gap:4px 14px;margin:0 0 8px;padding:0;list-style:none;font-size:13px;color:var(--mute)}
 .grid th,.grid td{border:1px solid var(--line);padding:0;text-align:center}
 .grid th[scope=row]{padding:2px 8px;text-align:left;white-space:nowrap}

@@ -98,8 +98,10 @@ export function NotWellList({ o }: { o: Overview }) {
   return (
     <>
       <h2>
-        Stale holders ({o.stale.length}) and modules not well ({o.notWell.length})
+        Stale holders ({o.stale.length}) and modules not well ({o.notWell.length}
+        {o.notWellUnnarrowed ? ", not narrowed by provider" : ""})
       </h2>
+      {o.notWellUnnarrowed ? <p class="none">A module names no provider: the provider filter leaves the modules not well as they are.</p> : ""}
       {o.stale.length === 0 && modules.length === 0 ? <p class="none">None the filters reach.</p> : ""}
       {o.stale.length === 0 ? (
         ""
@@ -138,10 +140,14 @@ export function NotWellList({ o }: { o: Overview }) {
   );
 }
 
+/** How many cells not well the line above the grid names. */
+const CUED = 10;
+
 export function Grid({ o }: { o: Overview }) {
   const { nodes, modules, cells } = o.grid;
   // Said in words in the row, not by colour alone (docs/presence.md §16.3).
   const unreachable = new Map(o.status.nodes.unreachable.map((u) => [u.node, u]));
+  const notWell = new Set(o.grid.notWell);
   return (
     <>
       <h2>Modules by node</h2>
@@ -152,9 +158,24 @@ export function Grid({ o }: { o: Overview }) {
           </li>
         ))}
         <li>
-          <span class="tag bad">!</span> counts against the mesh
+          <span class="tag nw">!</span> counts against the mesh, whatever its state
         </li>
       </ul>
+      {o.grid.notWell.length === 0 ? (
+        ""
+      ) : (
+        // Named above the grid: on a narrow screen a cell may be out of sight (docs/page.md §10.1).
+        <p class="cue">
+          Not well in the grid ({o.grid.notWell.length}):{" "}
+          {o.grid.notWell.slice(0, CUED).map((key, i) => (
+            <>
+              {i === 0 ? "" : ", "}
+              <a href={`${linkTo(o.query, { open: key })}#detail`}>{key.replace(".", " / ")}</a>
+            </>
+          ))}
+          {o.grid.notWell.length > CUED ? `, and ${o.grid.notWell.length - CUED} more` : ""}
+        </p>
+      )}
       {nodes.length === 0 ? (
         <p class="none">No module the filters reach.</p>
       ) : (
@@ -186,10 +207,10 @@ export function Grid({ o }: { o: Overview }) {
                   {modules.map((m) => {
                     const cell = cells.get(`${n}.${m}`);
                     if (cell === undefined) return <td class="empty">·</td>;
-                    const bad = cell.conditions.length > 0 || cell.state === "failed" || cell.state === "unassigned";
+                    const bad = notWell.has(cell.key);
                     const open = o.query.open === cell.key;
                     return (
-                      <td class={`s-${cell.state}${open ? " open" : ""}`}>
+                      <td class={`s-${cell.state}${bad ? " nw" : ""}${open ? " open" : ""}`}>
                         <a
                           href={`${linkTo(o.query, { open: cell.key })}#detail`}
                           aria-label={`${n} ${m}: ${cell.state}${bad ? ", not well" : ""}`}
@@ -222,6 +243,7 @@ export function Detail({ o }: { o: Overview }) {
   const d = o.opened;
   if (d === null) return <></>;
   const m = d.state;
+  const strays = d.needs.filter((n) => n.outOfShape !== undefined).length;
   return (
     <>
       <h2>
@@ -242,7 +264,10 @@ export function Detail({ o }: { o: Overview }) {
           <Conditions m={m} />
         </>
       )}
-      <h3>Needs ({d.needs.length})</h3>
+      <h3>
+        Needs ({d.needs.length - strays}
+        {strays === 0 ? "" : `, and ${plural(strays, "key")} out of shape`})
+      </h3>
       {d.needs.length === 0 ? (
         <p class="none">None.</p>
       ) : (
@@ -250,6 +275,7 @@ export function Detail({ o }: { o: Overview }) {
           {d.needs.map((n) => (
             <li>
               <code>{n.key.split(".").slice(2).join(".")}</code> <code class="value">{n.value}</code>
+              {n.outOfShape === undefined ? "" : <span class="stray"> out of shape: {n.outOfShape}</span>}
             </li>
           ))}
         </ul>
