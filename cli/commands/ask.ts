@@ -1,12 +1,14 @@
 import { Option } from "commander";
 import { DEFAULT_WHAT, type Asked } from "../../functions/_lib/provisioning.ts";
 import { askAll, askOnce, formatAnswer, narrowingOptions, whatHelp, type AnswerOf } from "../ask.ts";
-import { asJson, positive, print, type AddCommand } from "../program.ts";
+import { positive, print, type AddCommand } from "../program.ts";
 import { formatStates } from "../state.ts";
 import { formatNodes } from "../nodes.ts";
 import { formatChecks } from "../checks.ts";
+import { formatHistory } from "../history.ts";
+import { formatHolders, formatRotations } from "../rotation.ts";
 
-/** How `ask` shows the answer to each `what` without `--json`: a table, or JSON where it has none. */
+/** How `ask` shows the answer to each `what` without `--json`: a table. */
 const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => string } = {
   registry: formatAnswer,
   needs: formatAnswer,
@@ -15,9 +17,9 @@ const FORMATS: { readonly [W in Asked]: (answer: AnswerOf<W>, now: Date) => stri
   state: formatStates,
   nodes: formatNodes,
   checks: formatChecks,
-  holders: asJson,
-  rotations: asJson,
-  history: asJson,
+  holders: formatHolders,
+  rotations: formatRotations,
+  history: formatHistory,
 };
 
 /** An answer as `ask` shows it: as its `what`'s {@link FORMATS} does. */
