@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { KV } from "nats";
 import type { LoadedFunction, Running } from "../runtime/index.ts";
@@ -89,9 +90,12 @@ describe("reads while the server hangs (SIGSTOP)", () => {
       return { name, sentAt: sent - origin, ms: performance.now() - sent, status: outcome.ok ? 200 : outcome.error.code, body };
     };
 
-    const stoppedAt = Date.now();
     process.kill(bus.server.pid, "SIGSTOP");
     stopped = true;
+    // Stopped once the kernel says so (a loaded machine may let it run a few ms after the
+    // signal): a read confirmed current after this was asked before it.
+    await until(() => readFileSync(`/proc/${bus.server.pid}/stat`, "utf8").split(") ")[1]!.startsWith("T"), 5000, "the server stopped");
+    const stoppedAt = Date.now();
     origin = performance.now();
     // Its failure is the test's, once all are awaited; not an unhandled rejection meanwhile.
     const send = (read: Promise<Read>) => {

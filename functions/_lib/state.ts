@@ -17,6 +17,7 @@ export {
   PRESENCES,
   provisioningConfig,
   provisioningSchema,
+  NODE_VIEWS,
   STATE_VIEWS,
   STATES,
   type Condition,

@@ -4,7 +4,7 @@
  */
 import type { ViewBucket } from "../../../runtime/index.ts";
 import { currentModel } from "./keeper.ts";
-import { STATE_VIEWS, type Model, type StateInputs, type StateView } from "./vocabulary.ts";
+import { STATE_VIEWS, type Model, type NODE_VIEWS, type StateInputs, type StateView } from "./vocabulary.ts";
 
 /** What reading the state needs of a view. */
 type StateViewBucket = Pick<ViewBucket, "snapshot" | "localSnapshot" | "confirmedAt">;
@@ -19,12 +19,18 @@ export interface StateContext {
   };
 }
 
-/** The snapshots of the views state reads ({@link STATE_VIEWS}), fresh (one check each) or, with `stale`, as held. */
+/**
+ * The snapshots of the views state reads ({@link STATE_VIEWS}): those of `fresh` (all by
+ * default) checked current once each, the others, or all with `stale`, as held.
+ */
 export async function snapshotsOf(
   views: Readonly<Record<StateView, Pick<StateViewBucket, "snapshot" | "localSnapshot">>>,
   stale = false,
+  fresh: readonly StateView[] = STATE_VIEWS,
 ): Promise<StateInputs> {
-  const taken = await Promise.all(STATE_VIEWS.map((name) => (stale ? views[name].localSnapshot() : views[name].snapshot())));
+  const taken = await Promise.all(
+    STATE_VIEWS.map((name) => (stale || !fresh.includes(name) ? views[name].localSnapshot() : views[name].snapshot())),
+  );
   return Object.fromEntries(STATE_VIEWS.map((name, i) => [name, taken[i]!])) as unknown as StateInputs;
 }
 
@@ -32,14 +38,16 @@ export async function snapshotsOf(
  * The model of `ctx`'s views now ({@link currentModel}), and the snapshots it was made of: each
  * view checked current once, or with `stale` as held (docs/verb.md §4.6.1). With `stale`,
  * `confirmedAt` is the oldest of the views' last confirmations, read before what they hold
- * (`null` when one was never confirmed); without, `undefined`.
+ * (`null` when one was never confirmed); without, `undefined`. With `fresh`, only those views are
+ * checked (and their confirmations read), the others read as held: for an answer that depends on
+ * them alone (what=nodes, {@link NODE_VIEWS}).
  */
 export async function readModel(
   ctx: StateContext,
-  { stale = false }: { stale?: boolean } = {},
+  { stale = false, fresh = STATE_VIEWS }: { stale?: boolean; fresh?: readonly StateView[] } = {},
 ): Promise<{ inputs: StateInputs; model: Model; confirmedAt: Date | null | undefined }> {
-  const confirmations = stale ? STATE_VIEWS.map((v) => ctx.views[v].confirmedAt()) : undefined;
-  const inputs = await snapshotsOf(ctx.views, stale);
+  const confirmations = stale ? fresh.map((v) => ctx.views[v].confirmedAt()) : undefined;
+  const inputs = await snapshotsOf(ctx.views, stale, fresh);
   const model = await currentModel(
     inputs,
     ctx.config.provisioning.graceSeconds,

@@ -86,6 +86,11 @@ export const moduleStateSchema = z.object({
 /** The views state reads (docs/state.md §7.1), by their config names: the one list, every other derived from it. */
 export const STATE_VIEWS = ["assignments", "needs", "applied", "registry", "failing", "rotations", "presence", "checks"] as const;
 export type StateView = (typeof STATE_VIEWS)[number];
+/**
+ * The views a node's entry (what=nodes, docs/presence.md §16.3) depends on: its presence, and its
+ * modules, each listed by an assignment, needs or an applied record (module.ts `listed`).
+ */
+export const NODE_VIEWS = ["presence", "assignments", "needs", "applied"] as const satisfies readonly StateView[];
 /** The views the state is made of, as snapshots (one freshness check each). */
 export type StateInputs = { readonly [V in StateView]: Snapshot };
 

@@ -11,6 +11,7 @@ import {
   modulesOf,
   moduleStateSchema,
   nodesAt,
+  NODE_VIEWS,
   PRESENCES,
   readModel,
   stateAt,
@@ -114,7 +115,8 @@ export const WHAT_TABLE = {
     views: STATE_VIEWS,
     answer: async ({ request, cursors, ctx }) => {
       const { node, presence } = request;
-      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale });
+      // Fresh of what a node's entry depends on alone; the rest of the model as held.
+      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale, fresh: NODE_VIEWS });
       const now = ctx.clock.now();
       function* items(): Generator<PageItem> {
         for (const entry of nodesAt(model, now, { node, after: cursors.after })) {
