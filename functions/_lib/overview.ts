@@ -178,7 +178,9 @@ export async function overviewOf(ctx: OverviewContext, query: PageQuery, stream:
     failing: status.failing.filter(reaches),
     stale: status.stale.filter(reaches),
     // A module names no provider: the provider filter leaves them all, said so in their list.
-    notWell: status.provisioning.notWell.filter((m) => (node === undefined || m.node === node) && (module === undefined || m.module === module)),
+    notWell: status.provisioning.notWell.filter(
+      (m) => (node === undefined || m.node === node) && (module === undefined || m.module === module),
+    ),
     notWellUnnarrowed: provider !== undefined,
     grid: { nodes: [...gridNodes], modules: [...new Set([...cells.values()].map((s) => s.module))].sort(), cells, notWell: notWellCells },
     gridHidden,

@@ -101,7 +101,11 @@ export function NotWellList({ o }: { o: Overview }) {
         Stale holders ({o.stale.length}) and modules not well ({o.notWell.length}
         {o.notWellUnnarrowed ? ", not narrowed by provider" : ""})
       </h2>
-      {o.notWellUnnarrowed ? <p class="none">A module names no provider: the provider filter leaves the modules not well as they are.</p> : ""}
+      {o.notWellUnnarrowed ? (
+        <p class="none">A module names no provider: the provider filter leaves the modules not well as they are.</p>
+      ) : (
+        ""
+      )}
       {o.stale.length === 0 && modules.length === 0 ? <p class="none">None the filters reach.</p> : ""}
       {o.stale.length === 0 ? (
         ""
