@@ -36,6 +36,22 @@ export function nanosOf(entry: KvEntry): number {
   return entry.created.getTime() * 1e6;
 }
 
+/**
+ * When `entry` was stored, in whole milliseconds, as a direct get of it says (its time cut to the
+ * millisecond). A watch's entry carries its time in nanoseconds in its reply subject, which
+ * nats.js reads as a Number: past 2^53 that is not exact, and lands on the next millisecond now
+ * and then. Read from the subject's digits, it is exact.
+ */
+export function createdMsOf(entry: KvEntry): number {
+  const reply = (entry as { sm?: { reply?: string } }).sm?.reply;
+  if (reply !== undefined) {
+    const tokens = reply.split(".");
+    const nanos = tokens[tokens.length === 9 ? 7 : 9];
+    if (nanos !== undefined && nanos.length > 6 && /^\d+$/.test(nanos)) return Number(nanos.slice(0, -6));
+  }
+  return entry.created.getTime();
+}
+
 /** An RFC 3339 time with up to nine digits of fraction, in nanoseconds since the epoch. */
 export function nanosOfTime(time: string): number {
   const fraction = /\.(\d+)/.exec(time)?.[1] ?? "";

@@ -6,7 +6,7 @@
  */
 import type { KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "pino";
-import { filterList, nanosOf, watchOf } from "../buckets.ts";
+import { createdMsOf, filterList, nanosOf, watchOf } from "../buckets.ts";
 import type { ListOptions } from "../types.ts";
 import { subjectMatches } from "../subjects.ts";
 import { RecordStore } from "./store.ts";
@@ -129,7 +129,7 @@ export function applyEntry(generation: Generation, entry: KvEntry): boolean {
     key: entry.key,
     value: entry.value,
     revision: entry.revision,
-    createdMs: entry.created.getTime(),
+    createdMs: createdMsOf(entry),
     createdNanos: nanosOf(entry),
     deleted,
     cut: deleted && entry.value.length > MARKER_VALUE_BYTES,
