@@ -57,12 +57,15 @@ try {
   local.subscribe("bench.echo.local", { callback: (_err, msg) => msg.respond(msg.data) });
   await local.flush();
   const pool: NatsConnection[] = [];
-  for (let i = 0; i < Math.max(...SIZES); i++) pool.push(await connect({ servers: server.url, ...benchUser, name: `bench requester ${i}` }));
+  for (let i = 0; i < Math.max(...SIZES); i++)
+    pool.push(await connect({ servers: server.url, ...benchUser, name: `bench requester ${i}` }));
   const pid = set.process.pid!;
   const verb = (c: NatsConnection) => askVerb(c, { what: "needs", node: "n5", module: "m3" });
   await rate([nc], 8, verb); // warm
 
-  line("requesters · connections · echo (other process) · echo (this process) · verb req/s · verb/echo · verb/local echo · failed · set CPU a verb answer");
+  line(
+    "requesters · connections · echo (other process) · echo (this process) · verb req/s · verb/echo · verb/local echo · failed · set CPU a verb answer",
+  );
   for (const requesters of SIZES) {
     for (const shared of [false, true]) {
       const connections = shared ? [nc] : pool.slice(0, requesters);
