@@ -145,12 +145,15 @@ describe("reads while the server hangs (SIGSTOP)", () => {
       10_000,
       "fresh reads answered again",
     );
+    // Ready again (every view confirmed current, a view the stop made load again loaded), then a
+    // write and a read that holds it.
+    await until(async () => (await fetch(`${set.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
     await alder.put("alder.after.config.k", '"after"');
     const after = await fetch(`${set.httpUrl}${HTTP_READS.needs}`);
-    expect(after.status).toBe(200);
-    expect(((await after.json()) as Read["body"]).entries!.map((e) => e.key)).toContain("alder.after.config.k");
+    const body = (await after.json()) as Read["body"];
+    expect(after.status, JSON.stringify(body)).toBe(200);
+    expect(body.entries!.map((e) => e.key)).toContain("alder.after.config.k");
     expect((await fetch(`${set.httpUrl}${HTTP_READS.state}`)).status).toBe(200);
-    await until(async () => (await fetch(`${set.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
     expect(performance.now() - back).toBeLessThan(10_000);
   }, 120_000);
 });
