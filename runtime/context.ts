@@ -76,7 +76,8 @@ export interface ContextOptions {
   readonly metrics: Metrics;
   /**
    * Why NATS cannot be reached now (away, or not answering); none while it can. A view's reads
-   * that would ask the server refuse at once with a 503 saying so; its `local` reads still answer.
+   * that would ask the server, and a stream's reads, refuse at once with a 503 saying so; a view's
+   * `local` reads still answer.
    */
   readonly unreachable?: () => string | undefined;
   /** What JetStream stores for the set now (`ctx.runtime.store()`). */
@@ -110,6 +111,12 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
     },
   });
 
+  /** `read()`, or a 503 saying why when NATS cannot be reached now ({@link ContextOptions.unreachable}). */
+  const reachable = <T>(read: () => Promise<T>): Promise<T> => {
+    const away = unreachable();
+    return away === undefined ? read() : Promise.reject(new ServiceError(503, away));
+  };
+
   const prepared = (fn: LoadedFunction): Shared => {
     let shared = perFunction.get(fn);
     if (shared !== undefined) return shared;
@@ -126,10 +133,6 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
         reads: readOnly(fn.name, snapshot.reads),
         changedSince: (stamp) => snapshot.changedSince(stamp),
       });
-      const reachable = <T>(read: () => Promise<T>): Promise<T> => {
-        const away = unreachable();
-        return away === undefined ? read() : Promise.reject(new ServiceError(503, away));
-      };
       live[name] = {
         ...checked,
         get: (key) => reachable(() => checked.get(key)),
@@ -143,7 +146,19 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
       };
     }
     const streams: Record<string, ReadStream> = {};
-    for (const name of access?.streams ?? []) streams[name] = readStream(nc, config.streams[name]!.stream);
+    for (const name of access?.streams ?? []) {
+      const stream = readStream(nc, config.streams[name]!.stream);
+      streams[name] = Object.freeze({
+        stream: stream.stream,
+        info: () => reachable(() => stream.info()),
+        get: (seq: number) => reachable(() => stream.get(seq)),
+        async *newest(options?: Parameters<ReadStream["newest"]>[0]) {
+          const away = unreachable();
+          if (away !== undefined) throw new ServiceError(503, away);
+          yield* stream.newest(options);
+        },
+      });
+    }
     const publishes = access?.publishes ?? [];
     const fnLog = log.child({ function: fn.name });
     const declared: Record<string, ReturnType<typeof declareMetric>> = {};

@@ -132,6 +132,11 @@ describe("reads while the server hangs (SIGSTOP)", () => {
         );
       }
     }
+    // A stream's reads, as the views', are refused at once once the set knows NATS does not answer.
+    expect(
+      done.filter((r) => r.name === "history").map((r) => r.body.error?.message ?? "answered"),
+      "history refused for the reason the set knows",
+    ).toContainEqual(expect.stringMatching(/NATS does not answer|NATS is unreachable/));
     // The reads in flight as the server stopped met the deadline itself, and said so.
     expect(
       done.some((r) => r.body.error?.message.includes(`the server did not answer within ${READ_DEADLINE_MS} ms`)),
