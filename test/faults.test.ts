@@ -526,21 +526,30 @@ describe("a replica of the set killed while it holds events", () => {
       // Stopped, it still has its pull outstanding: the server hands it the next events, which it never acknowledges.
       child.kill("SIGSTOP");
       for (let i = 0; i < 10; i++) await failing(`held${i}`);
-      await new Promise((r) => setTimeout(r, 500));
+      // What the test is about: the stopped replica was handed some of them, and holds them unacknowledged.
+      const jsm = await (await crash.connect()).jetstreamManager();
+      await until(
+        async () => (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).num_ack_pending > 0,
+        5000,
+        "the stopped replica handed some of the ten events (its pull still outstanding)",
+      );
       child.kill("SIGKILL");
 
       running = await startSet(crash, ackWait);
       const status = async () => (await (await fetch(`${running!.httpUrl}/status`)).json()) as Status;
       // The killed replica's pulls held some of the ten (all of them, unless the machine was slow
       // to hand them over): status counts those, and this replica follows the rest at once.
+      let last: Status | undefined;
       await until(
         async () => {
-          const { events, failing } = await status();
+          const { events, failing } = (last = await status());
           return events.unacknowledged > 0 && failing.length + events.unacknowledged === 11;
         },
         15_000,
         "status says what the killed replica holds",
-      );
+      ).catch((err: Error) => {
+        throw new Error(`${err.message}; it said: ${JSON.stringify({ events: last?.events, failing: last?.failing.length })}`);
+      });
       const held = await status();
       expect(held.failing.map((f) => f.consumer)).toContain("first");
       expect(held.failing.length).toBe(11 - held.events.unacknowledged);
