@@ -15,7 +15,7 @@
  * too, by the next run's sweep of whatever belongs to a pid that no longer lives.
  */
 import { execFile, execFileSync, spawn, type ChildProcess, type SpawnOptions } from "node:child_process";
-import { accessSync, constants, createWriteStream, mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { accessSync, constants, createWriteStream, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import type { Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { delimiter, dirname, join } from "node:path";
@@ -162,12 +162,17 @@ function removeNow(owner: number): void {
   }
 }
 
+/** Whether `pid` runs: it exists, and is no zombie (dead, not yet reaped by its parent). */
 const alive = (pid: number): boolean => {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+  try {
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "Z";
+  } catch {
+    return false;
   }
 };
 
