@@ -146,19 +146,7 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
       };
     }
     const streams: Record<string, ReadStream> = {};
-    for (const name of access?.streams ?? []) {
-      const stream = readStream(nc, config.streams[name]!.stream);
-      streams[name] = Object.freeze({
-        stream: stream.stream,
-        info: () => reachable(() => stream.info()),
-        get: (seq: number) => reachable(() => stream.get(seq)),
-        async *newest(options?: Parameters<ReadStream["newest"]>[0]) {
-          const away = unreachable();
-          if (away !== undefined) throw new ServiceError(503, away);
-          yield* stream.newest(options);
-        },
-      });
-    }
+    for (const name of access?.streams ?? []) streams[name] = readStream(nc, config.streams[name]!.stream, unreachable);
     const publishes = access?.publishes ?? [];
     const fnLog = log.child({ function: fn.name });
     const declared: Record<string, ReturnType<typeof declareMetric>> = {};

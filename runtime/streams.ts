@@ -47,10 +47,17 @@ type GetAnswer = {
 };
 type InfoAnswer = { error?: { code?: number; description?: string }; state?: { first_seq: number; last_seq: number; messages: number } };
 
-/** The read handle of the server's stream `stream`, over `nc`. A get the server refuses otherwise than "no message" throws a 500. */
-export function readStream(nc: NatsConnection, stream: string): ReadStream {
-  const ask = async <T>(subject: string, body: unknown): Promise<T> =>
-    (await nc.request(subject, JSON.stringify(body), { timeout: TIMEOUT_MS })).json() as T;
+/**
+ * The read handle of the server's stream `stream`, over `nc`. A get the server refuses otherwise
+ * than "no message" throws a 500; each request is refused at once with a 503 while `unreachable()`
+ * says why NATS cannot be reached.
+ */
+export function readStream(nc: NatsConnection, stream: string, unreachable: () => string | undefined = () => undefined): ReadStream {
+  const ask = async <T>(subject: string, body: unknown): Promise<T> => {
+    const away = unreachable();
+    if (away !== undefined) throw new ServiceError(503, away);
+    return (await nc.request(subject, JSON.stringify(body), { timeout: TIMEOUT_MS })).json() as T;
+  };
   const info = async () => {
     const answer = await ask<InfoAnswer>(`$JS.API.STREAM.INFO.${stream}`, {});
     if (answer.error?.code === 404) return { firstSeq: 0, lastSeq: 0, messages: 0 };
