@@ -523,11 +523,17 @@ describe("a replica of the set killed while it holds events", () => {
         30_000,
         "the first replica follows",
       );
+      // "first" is written before it is acknowledged: stopped in between, it would be counted twice.
+      const jsm = await (await crash.connect()).jetstreamManager();
+      await until(
+        async () => (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).num_ack_pending === 0,
+        10_000,
+        "the first replica acknowledged what it followed",
+      );
       // Stopped, it still has its pull outstanding: the server hands it the next events, which it never acknowledges.
       child.kill("SIGSTOP");
       for (let i = 0; i < 10; i++) await failing(`held${i}`);
       // What the test is about: the stopped replica was handed some of them, and holds them unacknowledged.
-      const jsm = await (await crash.connect()).jetstreamManager();
       await until(
         async () => (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).num_ack_pending > 0,
         5000,
