@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { KV } from "nats";
 import type { LoadedFunction, Running } from "../runtime/index.ts";
@@ -90,6 +91,9 @@ describe("reads while the server hangs (SIGSTOP)", () => {
       return { name, sentAt: sent - origin, ms: performance.now() - sent, status: outcome.ok ? 200 : outcome.error.code, body };
     };
 
+    // This process's event loop (the set's and the reads' own): a failure says how long it stalled.
+    const loop = monitorEventLoopDelay({ resolution: 10 });
+    loop.enable();
     process.kill(bus.server.pid, "SIGSTOP");
     stopped = true;
     // Stopped once the kernel says so (a loaded machine may let it run a few ms after the
@@ -112,10 +116,12 @@ describe("reads while the server hangs (SIGSTOP)", () => {
     process.kill(bus.server.pid, "SIGCONT");
     stopped = false;
     const done = await Promise.all(reads);
+    loop.disable();
 
     const late = done.filter((r) => r.ms > READ_DEADLINE_MS + MARGIN_MS);
     expect(
       late.map((r) => `${r.name} sent ${(r.sentAt / 1000).toFixed(2)} s after SIGSTOP took ${(r.ms / 1000).toFixed(2)} s: ${r.status}`),
+      `the event loop's longest delay meanwhile: ${(loop.max / 1e6).toFixed(0)} ms`,
     ).toEqual([]);
     for (const read of done.filter((r) => r.sentAt + r.ms < endedBefore)) {
       if (read.name.endsWith("Stale")) {
