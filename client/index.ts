@@ -5,6 +5,6 @@
  *
  *     import { connectNode, connectProvider } from "mesh-provisioner/client";
  */
-export { connectNode, type NodeClient, type NodeOptions, type Placeholders, type RefreshNotice } from "./node.ts";
+export { connectNode, type BackgroundFailure, type NodeClient, type NodeOptions, type Placeholders, type RefreshNotice } from "./node.ts";
 export { connectProvider, type ProviderClient, type ProviderOptions, type ReleasedNotice } from "./provider.ts";
 export { ClientArgumentError, collectKey, MeshRefusal, needKey, needOf, usersFile, type Credentials, type MeshOptions } from "./mesh.ts";

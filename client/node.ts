@@ -37,7 +37,18 @@ export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
    * given; `false` writes none (the node is then silent, and nothing is inferred from it).
    */
   readonly presence?: { readonly everySeconds?: number } | false;
+  /**
+   * Told of each write the client makes on its own that fails: a presence write, or a result
+   * `keepChecking` publishes. Each is tried again at its next tick, and nothing else is said of
+   * it; what this throws is ignored.
+   */
+  readonly onError?: (failure: BackgroundFailure) => void;
 }
+
+/** A write the client made on its own that failed ({@link NodeOptions.onError}). */
+export type BackgroundFailure =
+  | { readonly what: "presence"; readonly node: string; readonly error: Error }
+  | { readonly what: "check"; readonly node: string; readonly module: string; readonly provision: string; readonly error: Error };
 
 /**
  * A module's placeholders: a list of `${<kind>:<rest>}`, or each with what its need's value
@@ -146,6 +157,15 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       ? null
       : (checked("presence", z.optional(z.object({ everySeconds: z.optional(presenceValue.shape.everySeconds) })), options.presence)
           ?.everySeconds ?? PRESENCE_EVERY_SECONDS);
+  if (options.onError !== undefined && typeof options.onError !== "function")
+    throw new ClientArgumentError("onError", "must be a function");
+  const failed = (failure: BackgroundFailure) => {
+    try {
+      options.onError?.(failure);
+    } catch {
+      // The caller's; the client goes on.
+    }
+  };
   const mesh: Mesh = await openMesh({
     ...options,
     credentials: { user: options.credentials?.user ?? node, password: options.credentials?.password } as never,
@@ -162,7 +182,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     return opened;
   };
   const moduleArg = (module: unknown) => tokenArg("module", module);
-  const presence = writePresence(node, everySeconds, kv);
+  const presence = writePresence(node, everySeconds, kv, (error) => failed({ what: "presence", node, error }));
   // Written before the client is handed out: a client that closes at once has said the node was there.
   await presence.first;
   /** The last result published per `<module>.<provision>`, as `ok reason revision`. */
@@ -271,7 +291,8 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
           clearTimeout(timeout);
         }
         // A publish that fails is tried again at the next probe: nothing was recorded as published.
-        if (!stopped) await check(module, provision, result).catch(() => {});
+        if (!stopped)
+          await check(module, provision, result).catch((error: Error) => failed({ what: "check", node, module, provision, error }));
         if (!stopped) timer = setTimeout(() => void once(), everySeconds * 1000);
       };
       const handle = {
@@ -309,13 +330,14 @@ class ProbeTimeout extends Error {
 /**
  * Writes `<node>` of the presence bucket now (`first`) and every `everySeconds`
  * (docs/presence.md §16.1) until stopped; `null` writes none. A write that fails (the connection
- * away, a set without the bucket) is tried again at the next tick: presence is best effort, its
- * absence is what it says.
+ * away, a set without the bucket) is told to `failed` and tried again at the next tick: presence
+ * is best effort, its absence is what it says.
  */
 function writePresence(
   node: string,
   everySeconds: number | null,
   kv: (name: string) => Promise<KV>,
+  failed: (error: Error) => void,
 ): { stop(): void; first: Promise<void> } {
   if (everySeconds === null) return { stop: () => {}, first: Promise.resolve() };
   const value = JSON.stringify({ everySeconds, client: CLIENT });
@@ -325,8 +347,9 @@ function writePresence(
     writing = true;
     try {
       await (await kv("presence")).put(node, value);
-    } catch {
-      // Said by its absence: the node is unreachable once its limit passes.
+    } catch (err) {
+      // Said by its absence too: the node is unreachable once its limit passes.
+      failed(err instanceof Error ? err : new Error(String(err)));
     } finally {
       writing = false;
     }

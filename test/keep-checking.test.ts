@@ -1,6 +1,6 @@
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ClientArgumentError, connectNode, type NodeClient } from "../client/index.ts";
+import { ClientArgumentError, connectNode, type BackgroundFailure, type NodeClient } from "../client/index.ts";
 import type { Check } from "../functions/_lib/checks.ts";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
@@ -79,5 +79,69 @@ describe("keepChecking (docs/client.md §9.1)", () => {
     expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(/provision/);
     expect(() => alder.keepChecking("caddy", "acme", "nope" as never)).toThrow(/probe must be a function/);
     expect(() => alder.keepChecking("caddy", "acme", () => {}, { everySeconds: 0 })).toThrow(/options\.everySeconds/);
+  });
+});
+
+describe("a node client's own writes that fail (docs/client.md §9.1)", () => {
+  it("tells onError of each failed presence write and check publish, goes on, and writes again once it can", async () => {
+    // The seat may do anything here: the test changes the streams' limits itself.
+    const wide = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+    const running = await startSet(wide);
+    const asker = await wide.connect();
+    const failures: BackgroundFailure[] = [];
+    const birch = await connectNode({
+      servers: wide.url,
+      node: "birch",
+      credentials: { password: wide.server.users.birch!.password },
+      presence: { everySeconds: 1 },
+      onError: (failure) => {
+        failures.push(failure);
+        throw new Error("the caller's own mistake, which the client ignores");
+      },
+    });
+    const jsm = await asker.jetstreamManager();
+    // The streams refuse every message of more than 16 bytes: a presence write, a check event.
+    const refuse = async (stream: string, maxMsgSize: number) => {
+      const { config } = await jsm.streams.info(stream);
+      await jsm.streams.update(stream, { ...config, max_msg_size: maxMsgSize });
+    };
+    const presence = await wide.kv("presence");
+    const checkOf = async () =>
+      (
+        (await request(asker, "mesh-provisioner.provisioning", { what: "checks", node: "birch", module: "caddy", provision: "acme" }))
+          .body as {
+          entries: Check[];
+        }
+      ).entries[0];
+    try {
+      await refuse("KV_mesh-provisioner_presence", 16);
+      await refuse("mesh-provisioner_events", 16);
+      const checking = birch.keepChecking("caddy", "acme", () => {}, { everySeconds: 1 });
+      await until(() => failures.some((f) => f.what === "presence") && failures.some((f) => f.what === "check"), 10_000, "both told");
+      expect(failures.find((f) => f.what === "presence")).toMatchObject({ what: "presence", node: "birch" });
+      expect(failures.find((f) => f.what === "check")).toMatchObject({ what: "check", node: "birch", module: "caddy", provision: "acme" });
+      for (const f of failures) expect(f.error.message).toMatch(/message size exceeds maximum/);
+      await refuse("KV_mesh-provisioner_presence", -1);
+      await refuse("mesh-provisioner_events", -1);
+      // Written again at the next tick: the presence key written anew, the check published.
+      const told = failures.length;
+      const revision = (await presence.get("birch"))?.revision ?? 0;
+      await until(async () => ((await presence.get("birch"))?.revision ?? 0) > revision, 5000, "presence written again");
+      await until(async () => (await checkOf())?.ok === true, 5000, "the check published");
+      checking.stop();
+      expect(failures.length - told).toBeLessThanOrEqual(2);
+    } finally {
+      await refuse("KV_mesh-provisioner_presence", -1);
+      await refuse("mesh-provisioner_events", -1);
+      await birch.close();
+      await running.stop();
+      await wide.stop();
+    }
+  });
+
+  it("refuses an onError that is not a function", async () => {
+    await expect(
+      connectNode({ servers: bus.url, node: "birch", credentials: { password: bus.server.users.birch!.password }, onError: 7 as never }),
+    ).rejects.toThrow(/onError must be a function/);
   });
 });
