@@ -182,13 +182,19 @@ const envSchema = z.object({
   NATS_CERT: z.string().min(1).optional(),
   NATS_KEY: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).optional(),
-  HTTP_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+  // Digits only: an empty or blank value is refused, not read as 0 (a free port).
+  HTTP_PORT: z
+    .string()
+    .regex(/^\d+$/, "must be a port number, 0 to 65535 (0 picks a free one)")
+    .transform(Number)
+    .pipe(z.number().max(65535, "must be a port number, 0 to 65535 (0 picks a free one)"))
+    .optional(),
   HTTP_TOKEN: httpToken.optional(),
   HTTP_TRUSTED_NETWORK: z
     .enum(["1", "true", "0", "false"], "must be 1 or true (the network is trusted), 0 or false")
     .transform((v) => v === "1" || v === "true")
     .optional(),
-  NATS_REPLICAS: z.coerce.number().pipe(replicas).optional(),
+  NATS_REPLICAS: z.string().regex(/^\d+$/, "must be 1, 3 or 5").transform(Number).pipe(replicas).optional(),
 });
 
 /**

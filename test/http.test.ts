@@ -142,6 +142,18 @@ describe("the token and the trusted network in the config and the environment", 
       "wrangler-free.config.ts: http.token: must be letters, digits and . _ ~ + / - (then = only), as a bearer token is",
     );
   });
+
+  it("takes HTTP_PORT as digits only: an empty one is refused, not read as 0 (a free port)", () => {
+    expect(resolveConfig(base, CONFIG, { HTTP_PORT: "0" }).http.port).toBe(0);
+    expect(resolveConfig(base, CONFIG, { HTTP_PORT: "9090" }).http.port).toBe(9090);
+    const port = "environment: HTTP_PORT: must be a port number, 0 to 65535 (0 picks a free one)";
+    for (const given of ["", " ", "80x", "-1", "1e3", "65536"])
+      expect(refusal(base, { HTTP_PORT: given }), JSON.stringify(given)).toBe(port);
+    expect(resolveConfig(base, CONFIG, { NATS_REPLICAS: "3" }).replicas).toBe(3);
+    for (const given of ["", "2", "three"]) {
+      expect(refusal(base, { NATS_REPLICAS: given }), JSON.stringify(given)).toBe("environment: NATS_REPLICAS: must be 1, 3 or 5");
+    }
+  });
 });
 
 describe("a set with a token", () => {
