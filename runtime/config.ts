@@ -235,6 +235,9 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   if (e.NATS_URL !== undefined && e.NATS_URL.trim() !== "" && servers!.length === 0) {
     throw new ConfigError(`environment: NATS_URL: holds no server URL (${JSON.stringify(e.NATS_URL)})`);
   }
+  // A file the config file names is from its folder, as its folders are; one a variable names, from the working folder.
+  const fromFile = (path: string | undefined) => (path === undefined ? undefined : resolve(dirname(file), path));
+  const tls = config.nats.tls;
   return {
     ...config,
     root: dirname(file),
@@ -242,15 +245,17 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
     nats: {
       ...config.nats,
       servers: servers && servers.length > 0 ? servers : config.nats.servers,
-      creds: e.NATS_CREDS ?? config.nats.creds,
-      nkey: e.NATS_NKEY ?? config.nats.nkey,
+      creds: e.NATS_CREDS ?? fromFile(config.nats.creds),
+      nkey: e.NATS_NKEY ?? fromFile(config.nats.nkey),
       user: e.NATS_USER ?? config.nats.user,
       password: e.NATS_PASSWORD ?? config.nats.password,
       token: e.NATS_TOKEN ?? config.nats.token,
-      ...(e.NATS_CA || e.NATS_CERT || e.NATS_KEY || config.nats.tls
+      ...(e.NATS_CA || e.NATS_CERT || e.NATS_KEY || tls
         ? {
             tls: {
-              ...config.nats.tls,
+              ...(tls?.ca ? { ca: fromFile(tls.ca) } : {}),
+              ...(tls?.cert ? { cert: fromFile(tls.cert) } : {}),
+              ...(tls?.key ? { key: fromFile(tls.key) } : {}),
               ...(e.NATS_CA ? { ca: e.NATS_CA } : {}),
               ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}),
               ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}),

@@ -275,4 +275,19 @@ describe("credential mistakes, said plainly", () => {
     expect(refused).toMatch(/^cannot connect to nats:\/\/\*\*\*@127\.0\.0\.1:\d+: /);
     expect(() => configWith("nats://x", { NATS_URL: " , ," })).toThrow('environment: NATS_URL: holds no server URL (" , ,")');
   });
+
+  it("takes a file the config file names from the config file's folder, and one a variable names from the working folder", () => {
+    const { root: _root, file: _file, ...raw } = base;
+    const nats = { servers: [], creds: "secrets/seat.creds", tls: { ca: "../ca.pem", cert: "/etc/tls/client.pem", key: "client.key" } };
+    const config = resolveConfig({ ...raw, nats }, "/srv/mesh/mesh.config.ts", {});
+    expect([config.nats.creds, config.nats.tls]).toEqual([
+      "/srv/mesh/secrets/seat.creds",
+      { ca: "/srv/ca.pem", cert: "/etc/tls/client.pem", key: "/srv/mesh/client.key" },
+    ]);
+    const nkey = resolveConfig({ ...raw, nats: { servers: [], nkey: "seat.nk" } }, "/srv/mesh/mesh.config.ts", {});
+    expect(nkey.nats.nkey).toBe("/srv/mesh/seat.nk");
+    const env = { NATS_CREDS: "here.creds", NATS_CA: "ca.pem" };
+    const given = resolveConfig({ ...raw, nats }, "/srv/mesh/mesh.config.ts", env);
+    expect([given.nats.creds, given.nats.tls?.ca, given.nats.tls?.key]).toEqual(["here.creds", "ca.pem", "/srv/mesh/client.key"]);
+  });
 });
