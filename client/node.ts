@@ -40,9 +40,10 @@ export interface NodeOptions extends Omit<MeshOptions, "credentials"> {
   /**
    * Told of each write the client makes on its own that fails: a presence write, or a result
    * `keepChecking` publishes. Each is tried again at its next tick, and nothing else is said of
-   * it; what this throws is ignored.
+   * it; what this throws, or the promise it returns rejects with, is ignored. Not told once
+   * `close()` was called, nor of a `keepChecking` stopped.
    */
-  readonly onError?: (failure: BackgroundFailure) => void;
+  readonly onError?: (failure: BackgroundFailure) => void | PromiseLike<void>;
 }
 
 /** A write the client made on its own that failed ({@link NodeOptions.onError}). */
@@ -159,9 +160,12 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
           ?.everySeconds ?? PRESENCE_EVERY_SECONDS);
   if (options.onError !== undefined && typeof options.onError !== "function")
     throw new ClientArgumentError("onError", "must be a function");
+  let closed = false;
   const failed = (failure: BackgroundFailure) => {
+    if (closed) return;
     try {
-      options.onError?.(failure);
+      const told: unknown = options.onError?.(failure);
+      if (typeof (told as PromiseLike<void> | undefined)?.then === "function") (told as PromiseLike<void>).then(undefined, () => {});
     } catch {
       // The caller's; the client goes on.
     }
@@ -292,7 +296,9 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
         }
         // A publish that fails is tried again at the next probe: nothing was recorded as published.
         if (!stopped)
-          await check(module, provision, result).catch((error: Error) => failed({ what: "check", node, module, provision, error }));
+          await check(module, provision, result).catch((error: Error) => {
+            if (!stopped) failed({ what: "check", node, module, provision, error });
+          });
         if (!stopped) timer = setTimeout(() => void once(), everySeconds * 1000);
       };
       const handle = {
@@ -313,6 +319,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       await (await kv("presence")).delete(node);
     },
     close: async () => {
+      closed = true;
       presence.stop();
       for (const c of [...checking]) c.stop();
       await mesh.nc.drain();
