@@ -171,6 +171,7 @@ export class ConfigError extends Error {
   override readonly name = "ConfigError";
 }
 
+const PORT = "must be a port number, 0 to 65535 (0 picks a free one)";
 const envSchema = z.object({
   NATS_URL: z.string().optional(),
   NATS_CREDS: z.string().min(1).optional(),
@@ -183,12 +184,7 @@ const envSchema = z.object({
   NATS_KEY: z.string().min(1).optional(),
   HTTP_HOST: z.string().min(1).optional(),
   // Digits only: an empty or blank value is refused, not read as 0 (a free port).
-  HTTP_PORT: z
-    .string()
-    .regex(/^\d+$/, "must be a port number, 0 to 65535 (0 picks a free one)")
-    .transform(Number)
-    .pipe(z.number().max(65535, "must be a port number, 0 to 65535 (0 picks a free one)"))
-    .optional(),
+  HTTP_PORT: z.string().regex(/^\d+$/, PORT).transform(Number).pipe(z.number().max(65535, PORT)).optional(),
   HTTP_TOKEN: httpToken.optional(),
   HTTP_TRUSTED_NETWORK: z
     .enum(["1", "true", "0", "false"], "must be 1 or true (the network is trusted), 0 or false")
