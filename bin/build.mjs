@@ -56,7 +56,6 @@ export async function buildDist() {
     platform: "node",
     target: "node20",
     packages: "external",
-    keepNames: true,
     sourcemap: "linked",
     metafile: true,
     logLevel: "warning",

@@ -38,14 +38,17 @@ function runLogger(log: Logger, bindings: Record<string, unknown>): Logger {
   });
 }
 
-/** A read handle that refuses, naming the function and bucket, any write tried through it. */
-function readOnly(fn: string, handle: ReadBucket): ReadBucket {
+/** The writes of bucket `bucket` refused to function `fn`, each naming both. */
+function refusals(fn: string, bucket: string) {
   const refuse = (op: string) => () => {
-    throw new AccessError(
-      `function ${fn} cannot ${op} in bucket ${handle.bucket}: it declares the bucket in access.reads, not access.writes`,
-    );
+    throw new AccessError(`function ${fn} cannot ${op} in bucket ${bucket}: it declares the bucket in access.reads, not access.writes`);
   };
-  return Object.freeze({ ...handle, create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") });
+  return { create: refuse("create"), update: refuse("update"), put: refuse("put"), delete: refuse("delete") };
+}
+
+/** A read handle that refuses, naming the function and bucket, any write tried through it (`refused`: {@link refusals} of both). */
+function readOnly(fn: string, handle: ReadBucket, refused = refusals(fn, handle.bucket)): ReadBucket {
+  return Object.freeze({ ...handle, ...refused });
 }
 
 /** `ctx.buckets` or `ctx.views`: asking for a bucket of the config the function did not declare throws, naming both. */
@@ -127,10 +130,18 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
     const live: Record<string, ViewBucket> = {};
     for (const name of access?.views ?? []) {
       const view = storage.view(name);
-      const checked = readOnly(fn.name, view);
-      const snapshotOf = (snapshot: Snapshot): Snapshot => ({
+      const refused = refusals(fn.name, view.bucket);
+      const checked = readOnly(fn.name, view, refused);
+      // A local snapshot's reads are the same every answer: wrapped once (a fresh one's are its own).
+      const wrapped = new WeakMap<ReadBucket, ReadBucket>();
+      const localReadsOf = (reads: ReadBucket) => {
+        let guardedReads = wrapped.get(reads);
+        if (guardedReads === undefined) wrapped.set(reads, (guardedReads = readOnly(fn.name, reads, refused)));
+        return guardedReads;
+      };
+      const snapshotOf = (snapshot: Snapshot, local: boolean): Snapshot => ({
         stamp: snapshot.stamp,
-        reads: readOnly(fn.name, snapshot.reads),
+        reads: local ? localReadsOf(snapshot.reads) : readOnly(fn.name, snapshot.reads, refused),
         changedSince: (stamp) => snapshot.changedSince(stamp),
       });
       live[name] = {
@@ -141,8 +152,8 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
         records: (filters, options) => reachable(() => checked.records(filters, options)),
         local: readOnly(fn.name, view.local),
         confirmedAt: () => view.confirmedAt(),
-        snapshot: () => reachable(async () => snapshotOf(await view.snapshot())),
-        localSnapshot: () => snapshotOf(view.localSnapshot()),
+        snapshot: () => reachable(async () => snapshotOf(await view.snapshot(), false)),
+        localSnapshot: () => snapshotOf(view.localSnapshot(), true),
       };
     }
     const streams: Record<string, ReadStream> = {};
@@ -187,8 +198,18 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
   const of = (fn: LoadedFunction, trigger: TriggerInfo): AnyContext => {
     const shared = prepared(fn);
     let runLog: Logger | undefined;
+    // Each field named rather than spread: made on every run, a literal of one shape is cheap.
     return {
-      ...shared,
+      function: shared.function,
+      buckets: shared.buckets,
+      views: shared.views,
+      streams: shared.streams,
+      metrics: shared.metrics,
+      config: shared.config,
+      clock: shared.clock,
+      limits: shared.limits,
+      runtime: shared.runtime,
+      publish: shared.publish,
       trigger,
       get log() {
         return (runLog ??= runLogger(shared.log, { trigger }));

@@ -77,7 +77,8 @@ export function requesterOf(nc: NatsConnection): Request {
     new Promise<Msg>((resolve, reject) => {
       const token = (++sent).toString(36);
       // Throws when the connection is closed or the payload too large: the promise rejects.
-      nc.publish(subject, data, { reply: `${prefix}${token}`, ...(headers ? { headers } : {}) });
+      const reply = `${prefix}${token}`;
+      nc.publish(subject, data, headers ? { reply, headers } : { reply });
       waiting.set(token, { due: performance.now() + timeoutMs, resolve, reject });
       timer ??= setInterval(sweep, SWEEP_MS).unref();
     });

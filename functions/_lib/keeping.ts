@@ -24,9 +24,10 @@ export function keeping<I extends { readonly [K in keyof I]: Snapshot }, T, P = 
   return (inputs, params) => {
     const key = JSON.stringify(params) ?? "";
     const names = Object.keys(inputs) as (keyof I & string)[];
-    const stamps = Object.fromEntries(names.map((name) => [name, inputs[name].stamp]));
     const before = last;
-    if (before !== undefined && before.key === key && names.every((name) => before.stamps[name] === stamps[name])) return before.value;
+    if (before !== undefined && before.key === key && names.every((name) => before.stamps[name] === inputs[name].stamp))
+      return before.value;
+    const stamps = Object.fromEntries(names.map((name) => [name, inputs[name].stamp]));
     const value = (async () => {
       if (before === undefined || before.key !== key) return make(inputs, params as P);
       let kept: T;

@@ -53,7 +53,12 @@ export const VERB_SHAPE = {
 /** Every `what`'s own fields, in the table's order: `state`, `since`. */
 const OWN_FIELDS = Object.assign({}, ...ASKED.map((w) => TABLE[w].fields ?? {})) as z.ZodRawShape;
 type OwnFields = { [W in Asked]: Table[W] extends { readonly fields: infer F } ? F : {} }[Asked];
-const fieldsOf = (what: Asked): readonly string[] => [...TABLE[what].narrowings, ...Object.keys(TABLE[what].fields ?? {})];
+const OWN_FIELD_NAMES = Object.keys(OWN_FIELDS);
+/** Each `what`'s narrowings then own fields, made once: every request reads them. */
+const FIELDS = Object.fromEntries(
+  ASKED.map((w) => [w, [...TABLE[w].narrowings, ...Object.keys(TABLE[w].fields ?? {})]]),
+) as unknown as Readonly<Record<Asked, readonly string[]>>;
+const fieldsOf = (what: Asked): readonly string[] => FIELDS[what];
 
 /** A field that does not apply to `what`: the `what`s it narrows. */
 function doesNotApply(field: string, what: Asked): string {
@@ -85,7 +90,7 @@ export const provisioningRequest = z
     if (required !== undefined && !given(required.field)) {
       ctx.addIssue({ code: "custom", path: [required.field], message: `is required with what=${what}: ${required.why}` });
     }
-    for (const field of Object.keys(OWN_FIELDS)) {
+    for (const field of OWN_FIELD_NAMES) {
       if (given(field) && !applies.includes(field)) ctx.addIssue({ code: "custom", path: [field], message: doesNotApply(field, what) });
     }
   });
@@ -114,7 +119,9 @@ export const ACCESS = {
 /** The narrowing of a request, as key fields: its narrowings, then its `what`'s own fields. */
 function narrowingOf(request: ProvisioningRequest): Record<string, string> {
   const given = request as unknown as Readonly<Record<string, string | undefined>>;
-  return Object.fromEntries(fieldsOf(request.what).flatMap((field) => (given[field] === undefined ? [] : [[field, given[field]]])));
+  const narrowing: Record<string, string> = {};
+  for (const field of fieldsOf(request.what)) if (given[field] !== undefined) narrowing[field] = given[field];
+  return narrowing;
 }
 
 const identityOf = (request: ProvisioningRequest): Identity => [request.what, narrowingOf(request)];
@@ -132,8 +139,9 @@ export const cursorsOf = (request: ProvisioningRequest): Cursors => cursorsFor(r
 
 /** The page answering `request` (docs/verb.md §4.4): its `what`'s answerer's items, filled into one page. */
 export async function answer(request: ProvisioningRequest, ctx: VerbContext): Promise<JsonText> {
-  const cursors = cursorsOf(request);
-  const source = await TABLE[request.what].answer({ request, narrowing: narrowingOf(request), cursors, ctx });
+  const narrowing = narrowingOf(request);
+  const cursors = cursorsFor(request.cursor, [request.what, narrowing]);
+  const source = await TABLE[request.what].answer({ request, narrowing, cursors, ctx });
   return fillPage(request.what, { limit: request.limit, maxPayload: ctx.limits.maxPayload, cursors }, source);
 }
 

@@ -281,10 +281,14 @@ export async function openView(
   const view = randomUUID();
   const loads = new WeakMap<Generation, number>();
   let loadsMade = 0;
+  // The last stamp made, given again while nothing was applied since: most reads find none.
+  let stamped: { generation: Generation; applied: number; stamp: string } | undefined;
   const stampOf = (generation: Generation) => {
+    if (stamped !== undefined && stamped.generation === generation && stamped.applied === generation.applied) return stamped.stamp;
     let n = loads.get(generation);
     if (n === undefined) loads.set(generation, (n = ++loadsMade));
-    return `${view}.${n}.${generation.applied}`;
+    stamped = { generation, applied: generation.applied, stamp: `${view}.${n}.${generation.applied}` };
+    return stamped.stamp;
   };
   let serverSnapshots = 0;
   /** The keys changed since `stamp`, when it names the load in hand (docs/runtime.md §6.12). */

@@ -46,6 +46,10 @@ function unreachableProviderNeeds(model: Model, m: TrackedModule, now: Date) {
   return found;
 }
 
+// A module's state with no condition of the time asked, by the tracked module (the model keeps
+// the same object while the module is unchanged): the last made, while its node's presence is the same.
+const plainStates = new WeakMap<TrackedModule, ModuleState>();
+
 /**
  * A module of `model` at `now`: `Late` added once its grace (`graceSeconds`) has passed, `Stale`
  * once a stale holder's has, its node's presence, `Unconfirmed` while its node is unreachable
@@ -61,10 +65,19 @@ export function stateAt(model: Model, m: TrackedModule, now: Date, graceSeconds:
   const providerUnreachable =
     m.providerNeeds.length === 0 ? undefined : providerUnreachableCondition(unreachableProviderNeeds(model, m, now));
   const added = [late, unconfirmed, providerUnreachable, stale];
+  const plain = added.every((c) => c === undefined);
+  if (plain) {
+    const made = plainStates.get(m);
+    if (made?.presence === presence.presence) return made;
+  }
   // A check of a node not reachable is unconfirmed (docs/presence.md §16.5).
   const unconfirmedChecks = presence.presence === "reachable" ? 0 : m.checks.ok + m.checks.failing;
   const checks = { ...m.checks, unconfirmed: unconfirmedChecks };
-  if (added.every((c) => c === undefined)) return { ...m.base, presence: presence.presence, checks };
+  if (plain) {
+    const made = { ...m.base, presence: presence.presence, checks };
+    plainStates.set(m, made);
+    return made;
+  }
   const some = (c: Condition | undefined): Condition[] => (c === undefined ? [] : [c]);
   return {
     ...m.base,

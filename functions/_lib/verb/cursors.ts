@@ -31,6 +31,9 @@ export interface Cursors {
   length(key: string): number;
 }
 
+/** Bytes of a cursor's JSON less its key's: the same for every key (a fingerprint is {@link FINGERPRINT} characters). */
+const FRAME = Buffer.byteLength(cursorJson("", "x".repeat(FINGERPRINT))) - Buffer.byteLength(JSON.stringify(""));
+
 const NOT_A_CURSOR = "cursor: not a cursor of this verb; pass the `next` of the previous page";
 
 /** The cursors of a request of `identity` given `cursor`; throws a 400 for a cursor not issued for it. */
@@ -38,12 +41,10 @@ export function cursorsFor(cursor: string | undefined, identity: Identity): Curs
   // Made at the first cursor read or made: most narrowed answers have none.
   let of: string | undefined;
   const ofRequest = () => (of ??= fingerprint(identity));
-  // The cursor's JSON less its key's: the same for every key (a fingerprint is FINGERPRINT characters).
-  const frame = Buffer.byteLength(cursorJson("", "x".repeat(FINGERPRINT))) - Buffer.byteLength(JSON.stringify(""));
   return {
     after: cursor === undefined ? undefined : cursorKey(cursor, ofRequest()),
     next: (key) => cursorOf(key, ofRequest()),
-    length: (key) => base64urlLength(frame + Buffer.byteLength(JSON.stringify(key))),
+    length: (key) => base64urlLength(FRAME + Buffer.byteLength(JSON.stringify(key))),
   };
 }
 
