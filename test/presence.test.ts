@@ -68,6 +68,9 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
     const state = await stateOf("alder", "gitea");
     expect(state).toMatchObject({ state: "applied", presence: "silent", conditions: [] });
     expect((await status({ machine: "alder" })).well).toBe(true);
+    // The module unchanged (its state kept as it was made), its node writing: the state says so.
+    await beHere("alder", 60);
+    expect(await stateOf("alder", "gitea")).toMatchObject({ state: "applied", presence: "reachable", conditions: [] });
   });
 
   it("is reachable from the server's time of the write, whatever time the node's value claims", async () => {
