@@ -35,9 +35,19 @@ export const LATE: unique symbol = Symbol("late");
  */
 export function beforeDue<T>(promise: Promise<T>, due: number | undefined): Promise<T | typeof LATE> {
   if (due === undefined) return promise;
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<typeof LATE>((resolve) => (timer = setTimeout(resolve, Math.max(0, due - performance.now()), LATE)));
-  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, Math.max(0, due - performance.now()), LATE);
+    promise.then(
+      (value) => {
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (err: unknown) => {
+        clearTimeout(timer);
+        reject(err);
+      },
+    );
+  });
 }
 
 /** Whether a view holds every write acknowledged before it was asked, and when not, why. */
