@@ -157,7 +157,26 @@ export const CLAIM_DAYS = 1;
 /** What `wrangler-free.config.ts` may hold (fields with defaults may be left out). */
 export type ConfigInput = z.input<typeof configSchema>;
 /** A validated config, with env overrides applied and `root` the config file's folder. */
-export type Config = z.output<typeof configSchema> & { readonly root: string; readonly file: string };
+export type Config = z.output<typeof configSchema> & {
+  readonly root: string;
+  readonly file: string;
+  /** Where each file of `nats` was named, as errors say it: its variable (`NATS_CREDS`), or `nats.creds in <config file>`. */
+  readonly namedBy?: NatsFileNames;
+};
+
+/** The fields a resolved config has that no config file writes. */
+export const RESOLVED_FIELDS: readonly string[] = ["root", "file", "namedBy"] satisfies (keyof Config)[];
+
+/** The files `nats` may name (a creds file, an nkey seed, TLS files), each with where it was named. */
+export type NatsFileNames = Readonly<Record<"creds" | "nkey" | "ca" | "cert" | "key", string>>;
+/** The variable of each file of `nats`: what an error names when it was not the config file. */
+export const NATS_FILE_VARIABLES: NatsFileNames = {
+  creds: "NATS_CREDS",
+  nkey: "NATS_NKEY",
+  ca: "NATS_CA",
+  cert: "NATS_CERT",
+  key: "NATS_KEY",
+};
 export type BucketConfig = z.output<typeof bucketSchema>;
 export type StreamConfig = z.output<typeof streamSchema>;
 
@@ -234,10 +253,20 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   // A file the config file names is from its folder, as its folders are; one a variable names, from the working folder.
   const fromFile = (path: string | undefined) => (path === undefined ? undefined : resolve(dirname(file), path));
   const tls = config.nats.tls;
+  const inFile = (field: string, variable: string | undefined, named: string | undefined) =>
+    variable === undefined && named !== undefined ? `nats.${field} in ${shown}` : undefined;
+  const namedBy: NatsFileNames = {
+    creds: inFile("creds", e.NATS_CREDS, config.nats.creds) ?? NATS_FILE_VARIABLES.creds,
+    nkey: inFile("nkey", e.NATS_NKEY, config.nats.nkey) ?? NATS_FILE_VARIABLES.nkey,
+    ca: inFile("tls.ca", e.NATS_CA || undefined, tls?.ca) ?? NATS_FILE_VARIABLES.ca,
+    cert: inFile("tls.cert", e.NATS_CERT || undefined, tls?.cert) ?? NATS_FILE_VARIABLES.cert,
+    key: inFile("tls.key", e.NATS_KEY || undefined, tls?.key) ?? NATS_FILE_VARIABLES.key,
+  };
   return {
     ...config,
     root: dirname(file),
     file,
+    namedBy,
     nats: {
       ...config.nats,
       servers: servers && servers.length > 0 ? servers : config.nats.servers,

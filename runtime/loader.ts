@@ -6,7 +6,7 @@
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { basename, join, relative } from "node:path";
 import { z } from "zod";
-import { configPath, configSchema, type Config } from "./config.ts";
+import { configPath, configSchema, RESOLVED_FIELDS, type Config } from "./config.ts";
 import { definitionSchema, type FunctionDefinition, type LoadedFunction } from "./define.ts";
 import { formatIssues } from "./errors.ts";
 import { isRuntimeMetric } from "./metrics.ts";
@@ -138,7 +138,7 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
     }
   }
   for (const field of Object.keys(config)) {
-    if (!claimed.has(field) && field !== "root" && field !== "file") {
+    if (!claimed.has(field) && !RESOLVED_FIELDS.includes(field)) {
       problems.push(`${shown(config.file)}: ${field}: unknown field (neither the runtime nor any function reads it)`);
     }
   }

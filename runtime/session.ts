@@ -6,7 +6,7 @@
  */
 import { readFileSync, statSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type ConnectionOptions, type NatsConnection } from "nats";
-import { configPath, type Config } from "./config.ts";
+import { configPath, NATS_FILE_VARIABLES, type Config, type NatsFileNames } from "./config.ts";
 import { findEmbedded, startEmbedded, type EmbeddedServer } from "./embedded.ts";
 import { inboxOf, type AuthorizedUser, type Credentials } from "./users.ts";
 
@@ -46,23 +46,23 @@ function readSecret(what: string, file: string): Buffer {
  * The nats.js options for the credentials of `config.nats` (docs/runtime.md §6): a creds file (JWT +
  * nkey), an nkey seed file, a user and password, or a token, else those written in a server URL;
  * and TLS files when set (a CA to trust the server, a client certificate and key when the
- * server asks for one). Throws naming
- * the file it cannot read, or a secret file others may read.
+ * server asks for one). Throws naming the file it cannot read, or a secret file others may read,
+ * and where it was named (`namedBy`: its variable, or the config file's field).
  */
-export function credentialOptions(nats: Config["nats"]): Partial<ConnectionOptions> {
+export function credentialOptions(nats: Config["nats"], namedBy: NatsFileNames = NATS_FILE_VARIABLES): Partial<ConnectionOptions> {
   const tls =
     nats.tls === undefined
       ? {}
       : {
           tls: {
-            ...(nats.tls.ca ? { caFile: readable("NATS_CA", nats.tls.ca) } : {}),
-            ...(nats.tls.cert ? { certFile: readable("NATS_CERT", nats.tls.cert) } : {}),
-            ...(nats.tls.key ? { key: readSecret("NATS_KEY", nats.tls.key).toString() } : {}),
+            ...(nats.tls.ca ? { caFile: readable(namedBy.ca, nats.tls.ca) } : {}),
+            ...(nats.tls.cert ? { certFile: readable(namedBy.cert, nats.tls.cert) } : {}),
+            ...(nats.tls.key ? { key: readSecret(namedBy.key, nats.tls.key).toString() } : {}),
           },
         };
-  if (nats.creds) return { ...tls, authenticator: credsAuthenticator(new Uint8Array(readSecret("NATS_CREDS", nats.creds))) };
+  if (nats.creds) return { ...tls, authenticator: credsAuthenticator(new Uint8Array(readSecret(namedBy.creds, nats.creds))) };
   if (nats.nkey) {
-    const seed = new Uint8Array(readSecret("NATS_NKEY", nats.nkey)).filter((b) => b > 32);
+    const seed = new Uint8Array(readSecret(namedBy.nkey, nats.nkey)).filter((b) => b > 32);
     return { ...tls, authenticator: nkeyAuthenticator(seed) };
   }
   if (nats.user) return { ...tls, user: nats.user, pass: nats.password ?? "" };
@@ -206,7 +206,7 @@ export async function openSession(config: Config, options: SessionOptions): Prom
   const name = options.name ?? config.seat;
   if (config.nats.servers.length > 0) {
     // Replies come to the user's own inbox; with creds, an nkey or a token, the seat's.
-    const credentials = credentialOptions(config.nats);
+    const credentials = credentialOptions(config.nats, config.namedBy);
     const inboxPrefix = inboxOf(credentials.user ?? config.seat);
     const nc = await connectTo(config.nats.servers, { name, inboxPrefix, ...credentials });
     return { nc, url: config.nats.servers.map(withoutPassword).join(","), close: () => drained(nc) };

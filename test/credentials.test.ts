@@ -1,7 +1,7 @@
 import { execFileSync } from "node:child_process";
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { createHash } from "node:crypto";
 import { connect, credsAuthenticator, nkeys, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -289,5 +289,31 @@ describe("credential mistakes, said plainly", () => {
     const env = { NATS_CREDS: "here.creds", NATS_CA: "ca.pem" };
     const given = resolveConfig({ ...raw, nats }, "/srv/mesh/mesh.config.ts", env);
     expect([given.nats.creds, given.nats.tls?.ca, given.nats.tls?.key]).toEqual(["here.creds", "ca.pem", "/srv/mesh/client.key"]);
+    // Each error about one of them names where it was named: the variable, or the config file's field.
+    // The config file as every config error shows it: from the working folder.
+    const shown = relative(process.cwd(), "/srv/mesh/mesh.config.ts");
+    expect(given.namedBy).toEqual({
+      creds: "NATS_CREDS",
+      nkey: "NATS_NKEY",
+      ca: "NATS_CA",
+      cert: `nats.tls.cert in ${shown}`,
+      key: `nats.tls.key in ${shown}`,
+    });
+  });
+
+  it("names the config file's field, not a variable, for a file the config file names that cannot be read", async () => {
+    const { root: _root, file: _file, ...raw } = base;
+    const configFile = join(dir, "named.config.ts");
+    const config = resolveConfig(
+      { ...raw, nats: { servers: ["nats://127.0.0.1:1"], nkey: "missing.nk" }, http: { port: 0 } },
+      configFile,
+      {},
+    );
+    const shown = relative(process.cwd(), configFile);
+    expect(await serves({ ...config, root: base.root }, () => Promise.reject(new Error("unused")))).toMatch(
+      new RegExp(
+        `^nats\\.nkey in ${shown.replace(/[.]/g, "\\.")} ${join(dir, "missing.nk").replace(/[.]/g, "\\.")} cannot be read: ENOENT`,
+      ),
+    );
   });
 });
