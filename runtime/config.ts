@@ -250,40 +250,50 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   if (e.NATS_URL !== undefined && e.NATS_URL.trim() !== "" && servers!.length === 0) {
     throw new ConfigError(`environment: NATS_URL: holds no server URL (${JSON.stringify(e.NATS_URL)})`);
   }
-  // A file the config file names is from its folder, as its folders are; one a variable names, from the working folder.
-  const fromFile = (path: string | undefined) => (path === undefined ? undefined : resolve(dirname(file), path));
+  // Each file of `nats`: the variable's (from the working folder), else the config file's (from
+  // its folder, as its folders are), and where it was named, for the errors about it.
   const tls = config.nats.tls;
-  const inFile = (field: string, variable: string | undefined, named: string | undefined) =>
-    variable === undefined && named !== undefined ? `nats.${field} in ${shown}` : undefined;
-  const namedBy: NatsFileNames = {
-    creds: inFile("creds", e.NATS_CREDS, config.nats.creds) ?? NATS_FILE_VARIABLES.creds,
-    nkey: inFile("nkey", e.NATS_NKEY, config.nats.nkey) ?? NATS_FILE_VARIABLES.nkey,
-    ca: inFile("tls.ca", e.NATS_CA || undefined, tls?.ca) ?? NATS_FILE_VARIABLES.ca,
-    cert: inFile("tls.cert", e.NATS_CERT || undefined, tls?.cert) ?? NATS_FILE_VARIABLES.cert,
-    key: inFile("tls.key", e.NATS_KEY || undefined, tls?.key) ?? NATS_FILE_VARIABLES.key,
+  const given: Record<keyof NatsFileNames, string | undefined> = {
+    creds: e.NATS_CREDS,
+    nkey: e.NATS_NKEY,
+    ca: e.NATS_CA,
+    cert: e.NATS_CERT,
+    key: e.NATS_KEY,
   };
+  const written: Record<keyof NatsFileNames, string | undefined> = {
+    creds: config.nats.creds,
+    nkey: config.nats.nkey,
+    ca: tls?.ca,
+    cert: tls?.cert,
+    key: tls?.key,
+  };
+  const chosen = (field: keyof NatsFileNames) => {
+    const variable = given[field];
+    if (variable !== undefined || written[field] === undefined) return { path: variable, by: NATS_FILE_VARIABLES[field] };
+    const said = field === "creds" || field === "nkey" ? field : `tls.${field}`;
+    return { path: resolve(dirname(file), written[field]), by: `nats.${said} in ${shown}` };
+  };
+  const files = { creds: chosen("creds"), nkey: chosen("nkey"), ca: chosen("ca"), cert: chosen("cert"), key: chosen("key") };
+  const { ca, cert, key } = files;
   return {
     ...config,
     root: dirname(file),
     file,
-    namedBy,
+    namedBy: { creds: files.creds.by, nkey: files.nkey.by, ca: ca.by, cert: cert.by, key: key.by },
     nats: {
       ...config.nats,
       servers: servers && servers.length > 0 ? servers : config.nats.servers,
-      creds: e.NATS_CREDS ?? fromFile(config.nats.creds),
-      nkey: e.NATS_NKEY ?? fromFile(config.nats.nkey),
+      creds: files.creds.path,
+      nkey: files.nkey.path,
       user: e.NATS_USER ?? config.nats.user,
       password: e.NATS_PASSWORD ?? config.nats.password,
       token: e.NATS_TOKEN ?? config.nats.token,
-      ...(e.NATS_CA || e.NATS_CERT || e.NATS_KEY || tls
+      ...(tls !== undefined || ca.path || cert.path || key.path
         ? {
             tls: {
-              ...(tls?.ca ? { ca: fromFile(tls.ca) } : {}),
-              ...(tls?.cert ? { cert: fromFile(tls.cert) } : {}),
-              ...(tls?.key ? { key: fromFile(tls.key) } : {}),
-              ...(e.NATS_CA ? { ca: e.NATS_CA } : {}),
-              ...(e.NATS_CERT ? { cert: e.NATS_CERT } : {}),
-              ...(e.NATS_KEY ? { key: e.NATS_KEY } : {}),
+              ...(ca.path ? { ca: ca.path } : {}),
+              ...(cert.path ? { cert: cert.path } : {}),
+              ...(key.path ? { key: key.path } : {}),
             },
           }
         : {}),

@@ -124,7 +124,7 @@ function narrowingOf(request: ProvisioningRequest): Record<string, string> {
   return narrowing;
 }
 
-const identityOf = (request: ProvisioningRequest): Identity => [request.what, narrowingOf(request)];
+const identityOf = (request: ProvisioningRequest, narrowing = narrowingOf(request)): Identity => [request.what, narrowing];
 
 /** The key filters a request reads with: never the whole bucket when it narrows. */
 export function requestFilters(request: BucketRequest): string[] {
@@ -140,7 +140,7 @@ export const cursorsOf = (request: ProvisioningRequest): Cursors => cursorsFor(r
 /** The page answering `request` (docs/verb.md §4.4): its `what`'s answerer's items, filled into one page. */
 export async function answer(request: ProvisioningRequest, ctx: VerbContext): Promise<JsonText> {
   const narrowing = narrowingOf(request);
-  const cursors = cursorsFor(request.cursor, [request.what, narrowing]);
+  const cursors = cursorsFor(request.cursor, identityOf(request, narrowing));
   const source = await TABLE[request.what].answer({ request, narrowing, cursors, ctx });
   return fillPage(request.what, { limit: request.limit, maxPayload: ctx.limits.maxPayload, cursors }, source);
 }

@@ -46,9 +46,22 @@ function unreachableProviderNeeds(model: Model, m: TrackedModule, now: Date) {
   return found;
 }
 
+/** A module's checks with how many are unconfirmed: all of them while its node is not reachable (docs/presence.md §16.5). */
+const checksAt = (m: TrackedModule, presence: Presence): ModuleState["checks"] => ({
+  ...m.checks,
+  unconfirmed: presence === "reachable" ? 0 : m.checks.ok + m.checks.failing,
+});
+
 // A module's state with no condition of the time asked, by the tracked module (the model keeps
 // the same object while the module is unchanged): the last made, while its node's presence is the same.
 const plainStates = new WeakMap<TrackedModule, ModuleState>();
+
+/** A module's state with none of the conditions of the time asked, at its node's `presence`. */
+function plainStateOf(m: TrackedModule, presence: Presence): ModuleState {
+  let made = plainStates.get(m);
+  if (made?.presence !== presence) plainStates.set(m, (made = { ...m.base, presence, checks: checksAt(m, presence) }));
+  return made;
+}
 
 /**
  * A module of `model` at `now`: `Late` added once its grace (`graceSeconds`) has passed, `Stale`
@@ -65,25 +78,13 @@ export function stateAt(model: Model, m: TrackedModule, now: Date, graceSeconds:
   const providerUnreachable =
     m.providerNeeds.length === 0 ? undefined : providerUnreachableCondition(unreachableProviderNeeds(model, m, now));
   const added = [late, unconfirmed, providerUnreachable, stale];
-  const plain = added.every((c) => c === undefined);
-  if (plain) {
-    const made = plainStates.get(m);
-    if (made?.presence === presence.presence) return made;
-  }
-  // A check of a node not reachable is unconfirmed (docs/presence.md §16.5).
-  const unconfirmedChecks = presence.presence === "reachable" ? 0 : m.checks.ok + m.checks.failing;
-  const checks = { ...m.checks, unconfirmed: unconfirmedChecks };
-  if (plain) {
-    const made = { ...m.base, presence: presence.presence, checks };
-    plainStates.set(m, made);
-    return made;
-  }
+  if (added.every((c) => c === undefined)) return plainStateOf(m, presence.presence);
   const some = (c: Condition | undefined): Condition[] => (c === undefined ? [] : [c]);
   return {
     ...m.base,
     conditions: [...some(late), ...m.base.conditions, ...some(unconfirmed), ...some(providerUnreachable), ...some(stale)],
     presence: presence.presence,
-    checks,
+    checks: checksAt(m, presence.presence),
   };
 }
 
