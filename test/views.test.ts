@@ -2,13 +2,14 @@ import fc from "fast-check";
 import { pino } from "pino";
 import type { KV, NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { readBucket, scan, writeBucket } from "../runtime/buckets.ts";
+import { nanosOfTime, readBucket, scan, writeBucket } from "../runtime/buckets.ts";
 import type { ReadBucket, WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { MARKER_KEY, MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
 import { catchUp } from "../runtime/views/freshness.ts";
-import { coalesced, type LastSequence } from "../runtime/views/probes.ts";
+import { appliedAt, startGeneration } from "../runtime/views/generation.ts";
+import { coalesced, messageFromProbe, type LastSequence } from "../runtime/views/probes.ts";
 import { testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must
@@ -221,6 +222,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           }),
       ),
       tail: { nothingAfter: async () => false },
+      sameAt: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: () => {},
@@ -249,6 +251,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => 9,
       probe: async () => ({ sequence: 4, askedAt: 1, heldAtAsk: 9 }),
       tail: { nothingAfter: async () => true },
+      sameAt: async () => "none",
       unavailable: () => undefined,
       wentBack: (why) => told.push(why),
       stuck: () => {},
@@ -260,6 +263,85 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     });
     expect(told).toHaveLength(1);
     expect(fresh.confirmedAt()).toBeNull();
+  });
+
+  it("holds a view current that holds a message its stream's leader has not stored yet, once the leader holds that very message", async () => {
+    // A follower may store a committed message before its leader's own store does: the view, reading there, is ahead.
+    const answers = [
+      { sequence: 8, askedAt: 1000, heldAtAsk: 9 },
+      { sequence: 9, askedAt: 2000, heldAtAsk: 9 },
+    ];
+    const asked: string[] = [];
+    const held = ["none", "same"] as const;
+    const told: string[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => answers.shift()!,
+      tail: { nothingAfter: async () => false },
+      sameAt: async (sequence) => {
+        asked.push(`at ${sequence}`);
+        return held[asked.length - 1]!;
+      },
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await fresh.caughtUp()).toEqual({ current: true });
+    expect(asked).toEqual(["at 9", "at 9"]);
+    expect(told).toEqual([]);
+    // Proven by the probe asked once the leader held it.
+    expect(fresh.confirmedAt()?.getTime()).toBe(2000);
+  });
+
+  it("calls the stream gone back at once when its leader holds another message where the view applied one", async () => {
+    let probes = 0;
+    let asked = 0;
+    const told: string[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => (probes++, { sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      sameAt: async () => (asked++, "other"),
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await fresh.caughtUp()).toEqual({
+      current: false,
+      why: "stream KV_b went back: its last sequence is 8, the view had applied 9",
+    });
+    expect([probes, asked, told.length]).toEqual([1, 1, 1]);
+  });
+
+  it("knows the messages it applied as the stream's leader holds them: their keys and times", async () => {
+    const name = "mesh-provisioner_views-applied";
+    const probeKv = await seat.jetstream().views.kv(name, { history: 1 });
+    const w = writeBucket(probeKv, seat.jetstream(), name);
+    const first = await w.put("a.one", "1");
+    const second = await w.put("a.two", "2");
+    const generation = await startGeneration(probeKv, name, silent, { applied: () => {}, ended: () => {} }, [5000]);
+    await generation.loaded;
+    await until(() => generation.applied >= second, 5000, "the generation applied both");
+    const messageFrom = messageFromProbe(seat, name);
+    const mine = appliedAt(generation, second)!;
+    const theirs = (await messageFrom(second))!;
+    expect([mine.key, theirs.sequence, theirs.subject]).toEqual(["a.two", second, `$KV.${name}.a.two`]);
+    expect(Math.abs(nanosOfTime(theirs.time) - mine.nanos)).toBeLessThan(1000);
+    // A key written again: its older message is gone from the stream (history 1), and the first
+    // from its sequence on is the next one; the generation still knows both.
+    const third = await w.put("a.one", "3");
+    await until(() => generation.applied >= third, 5000, "the generation applied the rewrite");
+    expect((await messageFrom(first))?.sequence).toBe(second);
+    expect(appliedAt(generation, first)?.key).toBe("a.one");
+    expect(appliedAt(generation, third)?.key).toBe("a.one");
+    expect(appliedAt(generation, third + 1)).toBeUndefined();
+    expect(await messageFrom(third + 1)).toBeNull();
+    generation.watch.stop();
+    await seat.jetstreamManager().then((jsm) => jsm.streams.delete(`KV_${name}`));
   });
 
   it("short of the stream's last sequence with replicas, holds the view current once it receives its own marker, and behind when it does not", async () => {
@@ -277,6 +359,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           return "m1";
         },
       },
+      sameAt: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: (why) => stuck.push(why),
@@ -291,6 +374,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 2000, heldAtAsk: 5 }),
       tail: { mark: async () => "m2" },
+      sameAt: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: (why) => stuck.push(why),
@@ -302,5 +386,28 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     });
     expect(stuck).toHaveLength(1);
     expect(other.confirmedAt()).toBeNull();
+  });
+
+  it("short of the stream's last sequence with replicas, holds the view current when its watch reached that sequence while the marker did not come", async () => {
+    let applied = 5;
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => applied,
+      probe: async () => ({ sequence: 9, askedAt: 3000, heldAtAsk: 5 }),
+      tail: {
+        mark: async () => {
+          // The watch lags: it reaches sequence 9 past the catch-up's wait, and the marker after the read gave up.
+          setTimeout(() => (applied = 9), 200);
+          return "m3";
+        },
+      },
+      sameAt: async () => "none",
+      unavailable: () => undefined,
+      wentBack: () => {},
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await fresh.caughtUp()).toEqual({ current: true });
+    expect(fresh.confirmedAt()?.getTime()).toBe(3000);
   });
 });

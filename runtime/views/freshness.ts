@@ -5,6 +5,7 @@
  * {@link CATCH_UP_MS} for the view to reach it, all of it within a read's {@link READ_DEADLINE_MS}.
  * Concurrent reads share these requests. It knows sequences only, nothing of the view's store.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } from "./probes.ts";
 
@@ -14,6 +15,18 @@ import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } fr
  * purge, an age limit) or a watch that stopped delivering keeps a view from reaching it.
  */
 export const CATCH_UP_MS = 500;
+
+/**
+ * How long a view that holds more than its stream's leader said it stored looks on the leader for
+ * a message it applied from there on before it calls the stream gone back, in milliseconds, asking
+ * every {@link AHEAD_STEP_MS}: nats-server stores a committed message on the leader in a
+ * goroutine of its own, and a follower, where the view's watch may read, may store it first
+ * (docs/verb.md §4.6).
+ */
+export const AHEAD_MS = 250;
+
+/** How often a view ahead of its stream's leader asks again within {@link AHEAD_MS}, in milliseconds. */
+export const AHEAD_STEP_MS = 25;
 
 /**
  * How long a read of a view may take in all, from its call until it answers or is refused, in
@@ -65,8 +78,10 @@ export interface CatchUp {
    * Whether the view holds every write acknowledged before the call, and why not when it does
    * not or cannot be told: `unavailable()` says so, the probe failed, the stream went back, or
    * the view did not reach the probe's sequence within {@link CATCH_UP_MS} while the stream
-   * holds more after what it applied. With `due` (a `performance.now()` time: a read's, see
-   * {@link READ_DEADLINE_MS}) it answers by then at the latest: a probe still out is not current,
+   * holds more after what it applied. A view holding more than the leader said it stored is gone
+   * back only when the leader does not come to hold, within {@link AHEAD_MS}, a message from there
+   * on that the view applied, the very one (`sameAt`). With `due` (a `performance.now()` time: a
+   * read's, see {@link READ_DEADLINE_MS}) it answers by then at the latest: a probe still out is not current,
    * `the server did not answer within <READ_DEADLINE_MS> ms`, and a view still short of the
    * stream's last sequence is behind. Never rejects.
    */
@@ -100,18 +115,28 @@ export interface CatchUp {
 export type Tail = { readonly nothingAfter: NothingAfter } | { readonly mark: () => Promise<string> };
 
 /**
+ * What the stream's leader holds from a sequence on, against the view: its first message from
+ * there is the `same` as one the view applied (its subject and time), it holds `none` from there
+ * yet (or one the view has not applied yet), or `other` (another message, or one the view no
+ * longer knows). Rejects when the leader does not answer.
+ */
+export type SameAt = (sequence: number, timeoutMs: number) => Promise<"same" | "none" | "other">;
+
+/**
  * Catching up with the stream: {@link CatchUp.caughtUp} asks `probe` (a coalesced
  * `lastSequenceProbe` of probes.ts) and, when the view has not applied that far (`applied()`), waits
  * for {@link CatchUp.reached}; still short after {@link CATCH_UP_MS}, does what `tail` says.
  * `wentBack` is told when the stream's last sequence is below what the view had applied (made
- * anew, a store come back with less), `stuck` when the view is behind; failures and timeouts are
- * logged as warnings with `bucket`.
+ * anew, a store come back with less) and its leader does not come to hold, within
+ * {@link AHEAD_MS}, a message from there on that the view applied (`sameAt`); `stuck` when the
+ * view is behind. Failures and timeouts are logged as warnings with `bucket`.
  */
 export function catchUp({
   bucket,
   applied,
   probe,
   tail,
+  sameAt,
   unavailable,
   wentBack,
   stuck,
@@ -121,6 +146,7 @@ export function catchUp({
   applied: () => number;
   probe: Probe;
   tail: Tail;
+  sameAt: SameAt;
   /** Why the view cannot be read now, or none. */
   unavailable: () => string | undefined;
   wentBack: (why: string) => void;
@@ -193,10 +219,12 @@ export function catchUp({
     });
   /** What `behind` adds when a read's deadline ended the wait. */
   const ranOut = `, and it did not catch up within ${READ_DEADLINE_MS} ms`;
+  /** Current after all when the view reached `found` meanwhile (its watch lagged); behind otherwise, saying `also`. */
+  const reachedLateOr = (found: LastSequence, also: string): Freshness =>
+    found.sequence <= applied() ? confirm(found, "reached late") : behind(found, also);
   /** A view short of `found`: its stream's last messages may have been removed, or its watch lags. */
   const short = async (found: LastSequence, due: number | undefined): Promise<Freshness> => {
-    if (due !== undefined && performance.now() >= due)
-      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found, ranOut);
+    if (due !== undefined && performance.now() >= due) return reachedLateOr(found, ranOut);
     if ("nothingAfter" in tail) {
       const held = applied();
       const removed = await beforeDue(tail.nothingAfter(held), due).catch((err: Error) => {
@@ -204,22 +232,57 @@ export function catchUp({
         return false;
       });
       if (removed === true) return confirm({ ...found, sequence: held }, "nothing after");
-      return found.sequence <= applied() ? confirm(found, "reached late") : behind(found, removed === LATE ? ranOut : "");
+      return reachedLateOr(found, removed === LATE ? ranOut : "");
     }
     let marker: string | typeof LATE;
     try {
       marker = await beforeDue(tail.mark(), due);
     } catch (err) {
-      return behind(found, ` (its marker was not written: ${(err as Error).message})`);
+      return reachedLateOr(found, ` (its marker was not written: ${(err as Error).message})`);
     }
-    if (marker === LATE) return behind(found, ranOut);
+    if (marker === LATE) return reachedLateOr(found, ranOut);
     const at = received.get(marker) ?? (await receiving(marker, due));
     // Received, and held: every message before it delivered in turn, or none pending after it.
     if (typeof at === "number" && (at <= applied() || (await reaching(at, due)) === true)) {
       return confirm({ ...found, sequence: Math.max(at, found.sequence) }, `marker at ${at}`);
     }
     if (typeof at === "string") return settle({ current: false, why: at });
-    return behind(found, due !== undefined && performance.now() >= due ? ranOut : ", and its marker did not come");
+    return reachedLateOr(found, due !== undefined && performance.now() >= due ? ranOut : ", and its marker did not come");
+  };
+  /** The probe's answer by `due`, or why there is none (settled). */
+  const ask = async (due: number | undefined): Promise<LastSequence | Freshness> => {
+    try {
+      const answered = await beforeDue(probe(), due);
+      if (answered !== LATE) return answered;
+      warn({ err: `no answer within ${READ_DEADLINE_MS} ms` }, "cannot tell whether the view is current");
+      return settle({ current: false, why: `the server did not answer within ${READ_DEADLINE_MS} ms` });
+    } catch (err) {
+      const { code, message } = err as { code?: string; message: string };
+      const why =
+        code === "TIMEOUT"
+          ? `the leader of stream KV_${bucket} did not answer within ${PROBE_TIMEOUT_MS / 1000} s`
+          : code === "503"
+            ? `no server answers for stream KV_${bucket}`
+            : message;
+      warn({ err: message }, "cannot tell whether the view is current");
+      return settle({ current: false, why });
+    }
+  };
+  /**
+   * Whether the leader comes to hold, within {@link AHEAD_MS} and by `due`, from `sequence` on a
+   * message the view applied, the very one (a follower stored it first); `false` once it holds
+   * another, or cannot be asked.
+   */
+  const leaderHolds = async (sequence: number, due: number | undefined): Promise<boolean> => {
+    const end = Math.min(performance.now() + AHEAD_MS, due ?? Infinity);
+    for (;;) {
+      const left = end - performance.now();
+      if (left <= 0) return false;
+      const held = await beforeDue(sameAt(sequence, left), end).catch(() => LATE);
+      if (held === "same") return true;
+      if (held !== "none") return false;
+      await sleep(Math.min(AHEAD_STEP_MS, Math.max(0, end - performance.now())));
+    }
   };
   return {
     confirmedAt: () => (proven === undefined ? null : new Date(proven.at)),
@@ -227,29 +290,23 @@ export function catchUp({
     async caughtUp(due) {
       const away = unavailable();
       if (away !== undefined) return settle({ current: false, why: away });
-      let found: LastSequence;
-      try {
-        const answered = await beforeDue(probe(), due);
-        if (answered === LATE) {
-          warn({ err: `no answer within ${READ_DEADLINE_MS} ms` }, "cannot tell whether the view is current");
-          return settle({ current: false, why: `the server did not answer within ${READ_DEADLINE_MS} ms` });
-        }
-        found = answered;
-      } catch (err) {
-        const { code, message } = err as { code?: string; message: string };
-        const why =
-          code === "TIMEOUT"
-            ? `the leader of stream KV_${bucket} did not answer within ${PROBE_TIMEOUT_MS / 1000} s`
-            : code === "503"
-              ? `no server answers for stream KV_${bucket}`
-              : message;
-        warn({ err: message }, "cannot tell whether the view is current");
-        return settle({ current: false, why });
-      }
+      let found = await ask(due);
+      if ("current" in found) return found;
       if (found.heldAtAsk > found.sequence) {
-        const why = `stream KV_${bucket} went back: its last sequence is ${found.sequence}, the view had applied ${found.heldAtAsk}`;
-        wentBack(why);
-        return settle({ current: false, why });
+        const first = found;
+        if (await leaderHolds(first.heldAtAsk, due)) {
+          log.debug(
+            { bucket, held: first.heldAtAsk, sequence: first.sequence },
+            "the view held a message its stream's leader had not stored yet",
+          );
+          found = await ask(due);
+          if ("current" in found) return found;
+        }
+        if (found.sequence < first.heldAtAsk) {
+          const why = `stream KV_${bucket} went back: its last sequence is ${first.sequence}, the view had applied ${first.heldAtAsk}`;
+          wentBack(why);
+          return settle({ current: false, why });
+        }
       }
       if (found.sequence <= applied()) return confirm(found, "held");
       const reached = await reaching(found.sequence, due);

@@ -35,6 +35,18 @@ export interface Generation {
   readonly loaded: Promise<void>;
   /** The keys applied, by stream sequence, for {@link changedAfter}. */
   readonly log: ChangeLog;
+  /** The last {@link LATEST_KEPT} records applied, for {@link appliedAt}. */
+  readonly latest: Latest;
+}
+
+/** How many of the latest records applied a generation knows the key and time of ({@link appliedAt}). */
+export const LATEST_KEPT = 1024;
+
+/** The latest records applied, each in the slot of its stream sequence modulo {@link LATEST_KEPT}. */
+export interface Latest {
+  readonly sequences: Float64Array;
+  readonly nanos: Float64Array;
+  readonly keys: string[];
 }
 
 /**
@@ -69,6 +81,16 @@ export function changedAfter(generation: Generation, sequence: number): string[]
 }
 
 /**
+ * The key and the time (ns since the epoch) of the record `generation` applied at stream sequence
+ * `sequence`; `undefined` when it applied none there, or {@link LATEST_KEPT} or more records since.
+ */
+export function appliedAt(generation: Generation, sequence: number): { readonly key: string; readonly nanos: number } | undefined {
+  const { sequences, nanos, keys } = generation.latest;
+  const slot = sequence % LATEST_KEPT;
+  return sequences[slot] === sequence ? { key: keys[slot]!, nanos: nanos[slot]! } : undefined;
+}
+
+/**
  * Starts a generation: a watch of every key of the bucket behind `kv` (`$KV.<bucket>.>`, last
  * values then updates, its creation waited for `waits`, see {@link watchOf}) applied to a new store. `applied` is called after each record is
  * applied, with the entry; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
@@ -96,6 +118,7 @@ export async function startGeneration(
     watch,
     loaded,
     log: { from: 0, sequences: [], keys: [] },
+    latest: { sequences: new Float64Array(LATEST_KEPT), nanos: new Float64Array(LATEST_KEPT), keys: new Array<string>(LATEST_KEPT) },
   };
   void (async () => {
     for await (const entry of watch) {
@@ -118,22 +141,29 @@ export async function startGeneration(
  * Applies one watched entry: its record replaces the key's in the store (a delete or purge as a
  * marker, its value cut when longer than {@link MARKER_VALUE_BYTES}), `applied` moves up to its
  * revision, `held` with it when no message was skipped or none is pending (see
- * {@link Generation.held}), and its key is logged. A record older than the key's is not applied:
+ * {@link Generation.held}), and its key is logged (its time too, among the {@link LATEST_KEPT}
+ * latest). A record older than the key's is not applied:
  * `false`.
  */
 export function applyEntry(generation: Generation, entry: KvEntry): boolean {
   // A record older than the one the key holds (delivered again, late) never replaces it.
   if ((generation.store.revisionOf(entry.key) ?? 0) > entry.revision) return false;
   const deleted = entry.operation !== "PUT";
+  const createdNanos = nanosOf(entry);
   generation.store.set({
     key: entry.key,
     value: entry.value,
     revision: entry.revision,
     createdMs: createdMsOf(entry),
-    createdNanos: nanosOf(entry),
+    createdNanos,
     deleted,
     cut: deleted && entry.value.length > MARKER_VALUE_BYTES,
   });
+  const { latest } = generation;
+  const slot = entry.revision % LATEST_KEPT;
+  latest.sequences[slot] = entry.revision;
+  latest.nanos[slot] = createdNanos;
+  latest.keys[slot] = entry.key;
   if (entry.revision <= generation.applied) return true;
   // A message skipped may have been a write of a key whose newer write is still to come: what is
   // held is known again once nothing is pending after a delivered message.

@@ -9,12 +9,12 @@
 import { randomUUID } from "node:crypto";
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
-import { checkedKey, watchWaits } from "../buckets.ts";
+import { checkedKey, nanosOfTime, watchWaits } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { ServiceError } from "../errors.ts";
 import { beforeDue, catchUp, LATE, READ_DEADLINE_MS, type Freshness } from "./freshness.ts";
-import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, nothingAfterProbe } from "./probes.ts";
-import { changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
+import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, messageFromProbe, nothingAfterProbe } from "./probes.ts";
+import { appliedAt, changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
 import type { RecordStore } from "./store.ts";
 import type { Progress } from "./progress.ts";
 import { RESYNC_MS, resyncing } from "./resync.ts";
@@ -104,11 +104,21 @@ export async function openView(
   let heldBefore = 0;
   // What freshness compares: the sequence up to which the view holds each key's newest record.
   const held = () => current!.held;
+  const messageFrom = messageFromProbe(nc, bucket);
   const fresh = catchUp({
     bucket,
     applied: held,
     probe: coalesced(lastSequenceProbe(nc, bucket, streamConfig.num_replicas, nothingAfter, held)),
     tail: oneReplica ? { nothingAfter } : { mark: coalesced(endMarker(nc, bucket, streamConfig.num_replicas)) },
+    sameAt: async (sequence, timeoutMs) => {
+      const theirs = await messageFrom(sequence, timeoutMs);
+      if (theirs === null || theirs.sequence > current!.applied) return "none";
+      const mine = appliedAt(current!, theirs.sequence);
+      // Times read from a subject's digits and from a string land within a microsecond of each other.
+      const same =
+        mine !== undefined && theirs.subject === `$KV.${bucket}.${mine.key}` && Math.abs(nanosOfTime(theirs.time) - mine.nanos) < 1000;
+      return same ? "same" : "other";
+    },
     // `resync` is set before any read can ask.
     unavailable: () =>
       stopped

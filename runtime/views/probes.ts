@@ -140,6 +140,38 @@ function leaderInfo(nc: NatsConnection, bucket: string, replicas: number): (with
   };
 }
 
+/** A stream's message as its leader holds it: its sequence, its subject and when it was stored (RFC 3339, to the nanosecond). */
+export interface StoredMessage {
+  readonly sequence: number;
+  readonly subject: string;
+  readonly time: string;
+}
+
+/** The first message of a stream from a sequence on: see {@link messageFromProbe}. */
+export type MessageFrom = (sequence: number, timeoutMs?: number) => Promise<StoredMessage | null>;
+
+/**
+ * The first message of stream `KV_<bucket>` at or after a sequence, as its leader holds it (the
+ * stream API's get, `$JS.API.STREAM.MSG.GET.KV_<bucket>`, of the first message of `$KV.<bucket>.>`
+ * from there), asked with the connection's {@link requesterOf} within `timeoutMs`
+ * ({@link PROBE_TIMEOUT_MS} by default): `null` when it holds none from there on (404). Rejects
+ * with the server's words, or a `TIMEOUT`.
+ */
+export function messageFromProbe(nc: NatsConnection, bucket: string): MessageFrom {
+  const stream = `KV_${bucket}`;
+  const request = firstFrom(bucket);
+  const ask = requesterOf(nc);
+  return async (sequence, timeoutMs = PROBE_TIMEOUT_MS) => {
+    const answer = (await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request(sequence), undefined, timeoutMs)).json() as {
+      readonly error?: { readonly code?: number; readonly description?: string };
+      readonly message?: { readonly seq: number; readonly subject: string; readonly time: string };
+    };
+    if (answer.error?.code === 404) return null;
+    if (answer.message === undefined) throw new Error(`stream ${stream}: ${answer.error?.description ?? "no message in its answer"}`);
+    return { sequence: answer.message.seq, subject: answer.message.subject, time: answer.message.time };
+  };
+}
+
 /**
  * How lately the leader of a replicated stream must have heard from a quorum of its servers,
  * asked right before, for the set to write a marker to it ({@link endMarker}), in milliseconds:
@@ -153,9 +185,10 @@ export const MARKER_LEASE_MS = 300;
  * Asks whether stream `KV_<bucket>` holds no message after a sequence: a direct get
  * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
  * when `config` does not allow direct gets or has replicas, the stream API's get
- * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
- * none. Each request times out after its `timeoutMs` ({@link PROBE_TIMEOUT_MS} by default); the
- * probe rejects when its request fails (a `TIMEOUT` then). Asked with the connection's
+ * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer, {@link messageFromProbe}). Both
+ * answer 404 when there is none. Each request times out after its `timeoutMs`
+ * ({@link PROBE_TIMEOUT_MS} by default); the probe rejects when its request fails (a `TIMEOUT`
+ * then), or the leader's answer is an error other than a 404 (its words). Asked with the connection's
  * {@link requesterOf}: no Error made per request, answered or not.
  */
 export function nothingAfterProbe(
@@ -166,14 +199,19 @@ export function nothingAfterProbe(
   const stream = `KV_${bucket}`;
   // A replicated stream's followers answer direct gets too, and may lag: ask its leader.
   const direct = config.allow_direct === true && config.num_replicas === 1;
-  const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
+  const request = firstFrom(bucket);
   const ask = requesterOf(nc);
+  const leaders = messageFromProbe(nc, bucket);
   return async (sequence, timeoutMs = PROBE_TIMEOUT_MS) => {
-    const request = `{"seq":${sequence + 1},${next}`;
-    if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request, undefined, timeoutMs)).headers?.code === 404;
-    const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request, undefined, timeoutMs);
-    return (reply.json() as { error?: { code?: number } }).error?.code === 404;
+    if (!direct) return (await leaders(sequence + 1, timeoutMs)) === null;
+    return (await ask(`$JS.API.DIRECT.GET.${stream}`, request(sequence + 1), undefined, timeoutMs)).headers?.code === 404;
   };
+}
+
+/** The request of a get of the first message of `$KV.<bucket>.>` at or after a sequence. */
+function firstFrom(bucket: string): (sequence: number) => string {
+  const next = JSON.stringify({ next_by_subj: `$KV.${bucket}.>` }).slice(1);
+  return (sequence) => `{"seq":${sequence},${next}`;
 }
 
 /**
