@@ -181,7 +181,7 @@ describe("a read's deadline over a check that never answers", () => {
       applied: () => 7,
       probe: coalesced(() => (awake ? Promise.resolve(found()) : new Promise<LastSequence>((resolve) => waiting.push(resolve)))),
       tail: { nothingAfter: async () => false },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: () => {},

@@ -222,7 +222,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           }),
       ),
       tail: { nothingAfter: async () => false },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: () => {},
@@ -251,7 +251,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => 9,
       probe: async () => ({ sequence: 4, askedAt: 1, heldAtAsk: 9 }),
       tail: { nothingAfter: async () => true },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: (why) => told.push(why),
       stuck: () => {},
@@ -279,8 +279,8 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => 9,
       probe: async () => answers.shift()!,
       tail: { nothingAfter: async () => false },
-      sameAt: async (sequence) => {
-        asked.push(`at ${sequence}`);
+      sameAfter: async (after, upTo) => {
+        asked.push(`after ${after} up to ${upTo}`);
         return held[asked.length - 1]!;
       },
       unavailable: () => undefined,
@@ -289,7 +289,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({ current: true });
-    expect(asked).toEqual(["at 9", "at 9"]);
+    expect(asked).toEqual(["after 8 up to 9", "after 8 up to 9"]);
     expect(told).toEqual([]);
     // Proven by the probe asked once the leader held it.
     expect(fresh.confirmedAt()?.getTime()).toBe(2000);
@@ -304,7 +304,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => 9,
       probe: async () => (probes++, { sequence: 8, askedAt: 1, heldAtAsk: 9 }),
       tail: { nothingAfter: async () => true },
-      sameAt: async () => (asked++, "other"),
+      sameAfter: async () => (asked++, "other"),
       unavailable: () => undefined,
       wentBack: (why) => told.push(why),
       stuck: () => {},
@@ -315,6 +315,91 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       why: "stream KV_b went back: its last sequence is 8, the view had applied 9",
     });
     expect([probes, asked, told.length]).toEqual([1, 1, 1]);
+  });
+
+  it("says why, and calls no stream gone back, when the leader cannot be asked what it holds; reads ahead share one asking", async () => {
+    let asked = 0;
+    const told: string[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      sameAfter: async () => {
+        asked++;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        throw new Error("TIMEOUT");
+      },
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    const why = "the leader of stream KV_b could not be asked what it holds after sequence 8: TIMEOUT";
+    expect(await Promise.all([fresh.caughtUp(), fresh.caughtUp()])).toEqual([
+      { current: false, why },
+      { current: false, why },
+    ]);
+    expect([asked, told.length]).toEqual([1, 0]);
+  });
+
+  it("calls the stream gone back when the leader still holds nothing that far after a while, or its next check is still below the view", async () => {
+    const told: string[] = [];
+    const waiting = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      sameAfter: async () => "none",
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await waiting.caughtUp()).toEqual({
+      current: false,
+      why: "stream KV_b went back: its last sequence is 8, the view had applied 9",
+    });
+    const answers = [
+      { sequence: 8, askedAt: 1, heldAtAsk: 9 },
+      { sequence: 7, askedAt: 2, heldAtAsk: 9 },
+    ];
+    const below = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => answers.shift()!,
+      tail: { nothingAfter: async () => true },
+      sameAfter: async () => "same",
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await below.caughtUp()).toEqual({
+      current: false,
+      why: "stream KV_b went back: its last sequence is 7, the view had applied 9",
+    });
+    expect(told).toHaveLength(2);
+  });
+
+  it("gives up on a view ahead of its leader by the read's deadline, calling no stream gone back", async () => {
+    const told: string[] = [];
+    const fresh = catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      sameAfter: () => new Promise(() => {}),
+      unavailable: () => undefined,
+      wentBack: (why) => told.push(why),
+      stuck: () => {},
+      log: silent,
+    });
+    expect(await fresh.caughtUp(performance.now() + 50)).toEqual({
+      current: false,
+      why: "the view of bucket b holds more than its stream's leader said it stored, and the leader did not come to hold it within 2500 ms",
+    });
+    expect(told).toEqual([]);
   });
 
   it("knows the messages it applied as the stream's leader holds them: their keys and times", async () => {
@@ -359,7 +444,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           return "m1";
         },
       },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: (why) => stuck.push(why),
@@ -374,7 +459,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 2000, heldAtAsk: 5 }),
       tail: { mark: async () => "m2" },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: (why) => stuck.push(why),
@@ -401,7 +486,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           return "m3";
         },
       },
-      sameAt: async () => "none",
+      sameAfter: async () => "none",
       unavailable: () => undefined,
       wentBack: () => {},
       stuck: () => {},

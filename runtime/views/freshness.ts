@@ -17,11 +17,10 @@ import { PROBE_TIMEOUT_MS, type LastSequence, type NothingAfter, type Probe } fr
 export const CATCH_UP_MS = 500;
 
 /**
- * How long a view that holds more than its stream's leader said it stored looks on the leader for
- * a message it applied from there on before it calls the stream gone back, in milliseconds, asking
- * every {@link AHEAD_STEP_MS}: nats-server stores a committed message on the leader in a
- * goroutine of its own, and a follower, where the view's watch may read, may store it first
- * (docs/verb.md §4.6).
+ * How long a view that holds more than its stream's leader said it stored waits for the leader to
+ * hold what the view holds before it calls the stream gone back, in milliseconds, asking every
+ * {@link AHEAD_STEP_MS}: nats-server stores a committed message on the leader in a goroutine of
+ * its own, and a follower, where the view's watch may read, may store it first (docs/verb.md §4.6).
  */
 export const AHEAD_MS = 250;
 
@@ -31,7 +30,8 @@ export const AHEAD_STEP_MS = 25;
 /**
  * How long a read of a view may take in all, from its call until it answers or is refused, in
  * milliseconds (docs/verb.md §4.6, "The deadline"): the probe's {@link PROBE_TIMEOUT_MS} and the
- * catch-up's {@link CATCH_UP_MS}, what a check takes at most while the server answers. A read
+ * catch-up's {@link CATCH_UP_MS}, what a check takes at most while the server answers (a view
+ * ahead of its leader asks it for up to {@link AHEAD_MS} more, within the same deadline). A read
  * whose check is still out then (the server hung, a probe it joined stuck) is not current, saying
  * why; with one replica a read from the server is given up then too. `GET /readyz` says the
  * same within a second (docs/verb.md §4.6.2).
@@ -79,8 +79,8 @@ export interface CatchUp {
    * not or cannot be told: `unavailable()` says so, the probe failed, the stream went back, or
    * the view did not reach the probe's sequence within {@link CATCH_UP_MS} while the stream
    * holds more after what it applied. A view holding more than the leader said it stored is gone
-   * back only when the leader does not come to hold, within {@link AHEAD_MS}, a message from there
-   * on that the view applied, the very one (`sameAt`). With `due` (a `performance.now()` time: a
+   * back only when the leader holds another message than the view there, or does not come to hold
+   * what the view holds within {@link AHEAD_MS} (`sameAfter`). With `due` (a `performance.now()` time: a
    * read's, see {@link READ_DEADLINE_MS}) it answers by then at the latest: a probe still out is not current,
    * `the server did not answer within <READ_DEADLINE_MS> ms`, and a view still short of the
    * stream's last sequence is behind. Never rejects.
@@ -115,28 +115,29 @@ export interface CatchUp {
 export type Tail = { readonly nothingAfter: NothingAfter } | { readonly mark: () => Promise<string> };
 
 /**
- * What the stream's leader holds from a sequence on, against the view: its first message from
- * there is the `same` as one the view applied (its subject and time), it holds `none` from there
- * yet (or one the view has not applied yet), or `other` (another message, or one the view no
- * longer knows). Rejects when the leader does not answer.
+ * Whether the messages the stream's leader holds after sequence `after` are those the view
+ * applied (their subject and time): `same` once the view applied one at or after `upTo`, every one
+ * the view applied before it being the same; `none` while the leader holds none that far yet, or
+ * one the view has not applied yet; `other` when one differs. Each request is given `timeoutMs`;
+ * rejects when the leader does not answer.
  */
-export type SameAt = (sequence: number, timeoutMs: number) => Promise<"same" | "none" | "other">;
+export type SameAfter = (after: number, upTo: number, timeoutMs: number) => Promise<"same" | "none" | "other">;
 
 /**
  * Catching up with the stream: {@link CatchUp.caughtUp} asks `probe` (a coalesced
  * `lastSequenceProbe` of probes.ts) and, when the view has not applied that far (`applied()`), waits
  * for {@link CatchUp.reached}; still short after {@link CATCH_UP_MS}, does what `tail` says.
  * `wentBack` is told when the stream's last sequence is below what the view had applied (made
- * anew, a store come back with less) and its leader does not come to hold, within
- * {@link AHEAD_MS}, a message from there on that the view applied (`sameAt`); `stuck` when the
- * view is behind. Failures and timeouts are logged as warnings with `bucket`.
+ * anew, a store come back with less) and the leader holds other messages than the view there, or
+ * does not come to hold what the view holds within {@link AHEAD_MS} (`sameAfter`); `stuck` when
+ * the view is behind. Failures and timeouts are logged as warnings with `bucket`.
  */
 export function catchUp({
   bucket,
   applied,
   probe,
   tail,
-  sameAt,
+  sameAfter,
   unavailable,
   wentBack,
   stuck,
@@ -146,7 +147,7 @@ export function catchUp({
   applied: () => number;
   probe: Probe;
   tail: Tail;
-  sameAt: SameAt;
+  sameAfter: SameAfter;
   /** Why the view cannot be read now, or none. */
   unavailable: () => string | undefined;
   wentBack: (why: string) => void;
@@ -268,20 +269,35 @@ export function catchUp({
       return settle({ current: false, why });
     }
   };
+  /** The checks of a view ahead of its leader under way, by what the leader said and what the view held: reads share them. */
+  const aheadChecks = new Map<string, Promise<boolean | string>>();
   /**
-   * Whether the leader comes to hold, within {@link AHEAD_MS} and by `due`, from `sequence` on a
-   * message the view applied, the very one (a follower stored it first); `false` once it holds
-   * another, or cannot be asked.
+   * Whether the leader comes to hold, within {@link AHEAD_MS}, what the view held after `after`
+   * up to `upTo` (a follower stored it first): `true`; `false` when it holds another message, or
+   * not that far in time; why, when it could not be asked. Never rejects.
    */
-  const leaderHolds = async (sequence: number, due: number | undefined): Promise<boolean> => {
-    const end = Math.min(performance.now() + AHEAD_MS, due ?? Infinity);
+  const leaderHolds = (after: number, upTo: number): Promise<boolean | string> => {
+    const key = `${after}:${upTo}`;
+    let check = aheadChecks.get(key);
+    if (check === undefined) {
+      check = holding(after, upTo).finally(() => aheadChecks.delete(key));
+      aheadChecks.set(key, check);
+    }
+    return check;
+  };
+  const holding = async (after: number, upTo: number): Promise<boolean | string> => {
+    const end = performance.now() + AHEAD_MS;
     for (;;) {
+      let held: Awaited<ReturnType<SameAfter>>;
+      try {
+        held = await sameAfter(after, upTo, PROBE_TIMEOUT_MS);
+      } catch (err) {
+        return `the leader of stream KV_${bucket} could not be asked what it holds after sequence ${after}: ${(err as Error).message}`;
+      }
+      if (held !== "none") return held === "same";
       const left = end - performance.now();
       if (left <= 0) return false;
-      const held = await beforeDue(sameAt(sequence, left), end).catch(() => LATE);
-      if (held === "same") return true;
-      if (held !== "none") return false;
-      await sleep(Math.min(AHEAD_STEP_MS, Math.max(0, end - performance.now())));
+      await sleep(Math.min(AHEAD_STEP_MS, left));
     }
   };
   return {
@@ -294,16 +310,25 @@ export function catchUp({
       if ("current" in found) return found;
       if (found.heldAtAsk > found.sequence) {
         const first = found;
-        if (await leaderHolds(first.heldAtAsk, due)) {
+        const holds = await beforeDue(leaderHolds(first.sequence, first.heldAtAsk), due);
+        if (holds === LATE) {
+          const why = `the view of bucket ${bucket} holds more than its stream's leader said it stored, and the leader did not come to hold it within ${READ_DEADLINE_MS} ms`;
+          return settle({ current: false, why });
+        }
+        if (typeof holds === "string") {
+          warn({ err: holds }, "cannot tell whether the view is current");
+          return settle({ current: false, why: holds });
+        }
+        if (holds) {
           log.debug(
             { bucket, held: first.heldAtAsk, sequence: first.sequence },
-            "the view held a message its stream's leader had not stored yet",
+            "the view held messages its stream's leader had not stored yet",
           );
           found = await ask(due);
           if ("current" in found) return found;
         }
         if (found.sequence < first.heldAtAsk) {
-          const why = `stream KV_${bucket} went back: its last sequence is ${first.sequence}, the view had applied ${first.heldAtAsk}`;
+          const why = `stream KV_${bucket} went back: its last sequence is ${found.sequence}, the view had applied ${first.heldAtAsk}`;
           wentBack(why);
           return settle({ current: false, why });
         }

@@ -87,7 +87,7 @@ export function changedAfter(generation: Generation, sequence: number): string[]
 export function appliedAt(generation: Generation, sequence: number): { readonly key: string; readonly nanos: number } | undefined {
   const { sequences, nanos, keys } = generation.latest;
   const slot = sequence % LATEST_KEPT;
-  return sequences[slot] === sequence ? { key: keys[slot]!, nanos: nanos[slot]! } : undefined;
+  return sequence > 0 && sequences[slot] === sequence ? { key: keys[slot]!, nanos: nanos[slot]! } : undefined;
 }
 
 /**
@@ -161,9 +161,12 @@ export function applyEntry(generation: Generation, entry: KvEntry): boolean {
   });
   const { latest } = generation;
   const slot = entry.revision % LATEST_KEPT;
-  latest.sequences[slot] = entry.revision;
-  latest.nanos[slot] = createdNanos;
-  latest.keys[slot] = entry.key;
+  // A record delivered late never takes the slot of a newer one.
+  if (entry.revision >= latest.sequences[slot]!) {
+    latest.sequences[slot] = entry.revision;
+    latest.nanos[slot] = createdNanos;
+    latest.keys[slot] = entry.key;
+  }
   if (entry.revision <= generation.applied) return true;
   // A message skipped may have been a write of a key whose newer write is still to come: what is
   // held is known again once nothing is pending after a delivered message.

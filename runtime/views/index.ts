@@ -12,8 +12,8 @@ import type { Logger } from "pino";
 import { checkedKey, nanosOfTime, watchWaits } from "../buckets.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, ViewBucket } from "../types.ts";
 import { ServiceError } from "../errors.ts";
-import { beforeDue, catchUp, LATE, READ_DEADLINE_MS, type Freshness } from "./freshness.ts";
-import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, messageFromProbe, nothingAfterProbe } from "./probes.ts";
+import { beforeDue, catchUp, LATE, READ_DEADLINE_MS, type Freshness, type SameAfter } from "./freshness.ts";
+import { coalesced, endMarker, lastSequenceProbe, MARKER_KEY, messageFromProbe, nothingAfterProbe, type MessageFrom } from "./probes.ts";
 import { appliedAt, changedAfter, collect, startGeneration, type Generation } from "./generation.ts";
 import type { RecordStore } from "./store.ts";
 import type { Progress } from "./progress.ts";
@@ -53,6 +53,35 @@ export const CHECK_EVERY_MS = 1000;
  * consumer on a server cut off, or behind) and the bucket is loaded again, in milliseconds.
  */
 export const STUCK_MS = 2000;
+
+/** How many of the leader's messages a view ahead of it compares with its own at most, in one asking ({@link sameAfterOf}). */
+export const AHEAD_GETS = 16;
+
+/**
+ * Compares the messages stream `KV_<bucket>`'s leader holds after a sequence (`messageFrom`)
+ * with those the view's load in hand (`generation()`) applied, key and time (to within a
+ * microsecond), up to {@link AHEAD_GETS} of them; a message the view did not apply (removed on its
+ * server before its watch came to it, a key written again) is passed over (freshness.ts `SameAfter`).
+ */
+function sameAfterOf(bucket: string, messageFrom: MessageFrom, generation: () => Generation): SameAfter {
+  const prefix = `$KV.${bucket}.`;
+  return async (after, upTo, timeoutMs) => {
+    let from = after + 1;
+    for (let asked = 0; asked < AHEAD_GETS; asked++) {
+      const theirs = await messageFrom(from, timeoutMs);
+      const load = generation();
+      if (theirs === null || theirs.sequence > load.applied) return "none";
+      const mine = appliedAt(load, theirs.sequence);
+      if (mine !== undefined) {
+        // Times read from a subject's digits and from a string land within a microsecond of each other.
+        if (theirs.subject !== prefix + mine.key || Math.abs(nanosOfTime(theirs.time) - mine.nanos) >= 1000) return "other";
+        if (theirs.sequence >= upTo) return "same";
+      }
+      from = theirs.sequence + 1;
+    }
+    return "other";
+  };
+}
 
 /**
  * Opens a live view of `bucket` (stream `KV_<bucket>`) on `nc`: one long-lived watch of
@@ -104,21 +133,12 @@ export async function openView(
   let heldBefore = 0;
   // What freshness compares: the sequence up to which the view holds each key's newest record.
   const held = () => current!.held;
-  const messageFrom = messageFromProbe(nc, bucket);
   const fresh = catchUp({
     bucket,
     applied: held,
     probe: coalesced(lastSequenceProbe(nc, bucket, streamConfig.num_replicas, nothingAfter, held)),
     tail: oneReplica ? { nothingAfter } : { mark: coalesced(endMarker(nc, bucket, streamConfig.num_replicas)) },
-    sameAt: async (sequence, timeoutMs) => {
-      const theirs = await messageFrom(sequence, timeoutMs);
-      if (theirs === null || theirs.sequence > current!.applied) return "none";
-      const mine = appliedAt(current!, theirs.sequence);
-      // Times read from a subject's digits and from a string land within a microsecond of each other.
-      const same =
-        mine !== undefined && theirs.subject === `$KV.${bucket}.${mine.key}` && Math.abs(nanosOfTime(theirs.time) - mine.nanos) < 1000;
-      return same ? "same" : "other";
-    },
+    sameAfter: sameAfterOf(bucket, messageFromProbe(nc, bucket), () => current!),
     // `resync` is set before any read can ask.
     unavailable: () =>
       stopped

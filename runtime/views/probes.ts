@@ -185,10 +185,9 @@ export const MARKER_LEASE_MS = 300;
  * Asks whether stream `KV_<bucket>` holds no message after a sequence: a direct get
  * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
  * when `config` does not allow direct gets or has replicas, the stream API's get
- * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer, {@link messageFromProbe}). Both
- * answer 404 when there is none. Each request times out after its `timeoutMs`
- * ({@link PROBE_TIMEOUT_MS} by default); the probe rejects when its request fails (a `TIMEOUT`
- * then), or the leader's answer is an error other than a 404 (its words). Asked with the connection's
+ * (`$JS.API.STREAM.MSG.GET.KV_<bucket>`, the leader's answer). Both answer 404 when there is
+ * none. Each request times out after its `timeoutMs` ({@link PROBE_TIMEOUT_MS} by default); the
+ * probe rejects when its request fails (a `TIMEOUT` then). Asked with the connection's
  * {@link requesterOf}: no Error made per request, answered or not.
  */
 export function nothingAfterProbe(
@@ -201,10 +200,10 @@ export function nothingAfterProbe(
   const direct = config.allow_direct === true && config.num_replicas === 1;
   const request = firstFrom(bucket);
   const ask = requesterOf(nc);
-  const leaders = messageFromProbe(nc, bucket);
   return async (sequence, timeoutMs = PROBE_TIMEOUT_MS) => {
-    if (!direct) return (await leaders(sequence + 1, timeoutMs)) === null;
-    return (await ask(`$JS.API.DIRECT.GET.${stream}`, request(sequence + 1), undefined, timeoutMs)).headers?.code === 404;
+    if (direct) return (await ask(`$JS.API.DIRECT.GET.${stream}`, request(sequence + 1), undefined, timeoutMs)).headers?.code === 404;
+    const reply = await ask(`$JS.API.STREAM.MSG.GET.${stream}`, request(sequence + 1), undefined, timeoutMs);
+    return (reply.json() as { error?: { code?: number } }).error?.code === 404;
   };
 }
 
