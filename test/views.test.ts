@@ -196,6 +196,20 @@ describe("a listing by the stream's gets, without a consumer", () => {
 
 describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
   const silent = createLogger({ LOG_LEVEL: "silent" });
+  /** A catch-up of bucket `b` whose view applied 9, its stream's last sequence 8 unless said. */
+  const catchUpOf = (options: Partial<Parameters<typeof catchUp>[0]>) =>
+    catchUp({
+      bucket: "b",
+      applied: () => 9,
+      probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+      tail: { nothingAfter: async () => true },
+      sameAfter: async () => "none",
+      unavailable: () => undefined,
+      wentBack: () => {},
+      stuck: () => {},
+      log: silent,
+      ...options,
+    });
 
   it("stores nothing on one server: the stream keeps its messages and has no marker after 200 checks", async () => {
     const jsm = await seat.jetstreamManager();
@@ -211,8 +225,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
   it("says when the view was proven current as the time the proving probe was sent, not when its answer came", async () => {
     let askedAt = 0;
     const answered: (() => void)[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 7,
       probe: coalesced(
         () =>
@@ -222,11 +235,6 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           }),
       ),
       tail: { nothingAfter: async () => false },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
-      stuck: () => {},
-      log: silent,
     });
     const first = fresh.caughtUp();
     const second = fresh.caughtUp();
@@ -246,16 +254,10 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
 
   it("refuses to call a view current when the stream's last sequence went back below what it applied", async () => {
     const told: string[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 9,
       probe: async () => ({ sequence: 4, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({
       current: false,
@@ -274,8 +276,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     const asked: string[] = [];
     const held = ["none", "same"] as const;
     const told: string[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 9,
       probe: async () => answers.shift()!,
       tail: { nothingAfter: async () => false },
@@ -283,10 +284,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
         asked.push(`after ${after} up to ${upTo}`);
         return held[asked.length - 1]!;
       },
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({ current: true });
     expect(asked).toEqual(["after 8 up to 9", "after 8 up to 9"]);
@@ -299,16 +297,11 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     let probes = 0;
     let asked = 0;
     const told: string[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 9,
       probe: async () => (probes++, { sequence: 8, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
       sameAfter: async () => (asked++, "other"),
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({
       current: false,
@@ -320,20 +313,15 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
   it("says why, and calls no stream gone back, when the leader cannot be asked what it holds; reads ahead share one asking", async () => {
     let asked = 0;
     const told: string[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 9,
       probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
       sameAfter: async () => {
         asked++;
         await new Promise((resolve) => setTimeout(resolve, 20));
         throw new Error("TIMEOUT");
       },
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     const why = "the leader of stream KV_b could not be asked what it holds after sequence 8: TIMEOUT";
     expect(await Promise.all([fresh.caughtUp(), fresh.caughtUp()])).toEqual([
@@ -345,16 +333,10 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
 
   it("calls the stream gone back when the leader still holds nothing that far after a while, or its next check is still below the view", async () => {
     const told: string[] = [];
-    const waiting = catchUp({
-      bucket: "b",
+    const waiting = catchUpOf({
       applied: () => 9,
       probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await waiting.caughtUp()).toEqual({
       current: false,
@@ -364,16 +346,11 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
       { sequence: 8, askedAt: 1, heldAtAsk: 9 },
       { sequence: 7, askedAt: 2, heldAtAsk: 9 },
     ];
-    const below = catchUp({
-      bucket: "b",
+    const below = catchUpOf({
       applied: () => 9,
       probe: async () => answers.shift()!,
-      tail: { nothingAfter: async () => true },
       sameAfter: async () => "same",
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await below.caughtUp()).toEqual({
       current: false,
@@ -384,16 +361,11 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
 
   it("gives up on a view ahead of its leader by the read's deadline, calling no stream gone back", async () => {
     const told: string[] = [];
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 9,
       probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
       sameAfter: () => new Promise(() => {}),
-      unavailable: () => undefined,
       wentBack: (why) => told.push(why),
-      stuck: () => {},
-      log: silent,
     });
     expect(await fresh.caughtUp(performance.now() + 50)).toEqual({
       current: false,
@@ -433,8 +405,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     let applied = 5;
     const stuck: string[] = [];
     let delivered = true;
-    const fresh: ReturnType<typeof catchUp> = catchUp({
-      bucket: "b",
+    const fresh: ReturnType<typeof catchUp> = catchUpOf({
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 1000, heldAtAsk: 5 }),
       tail: {
@@ -444,26 +415,17 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           return "m1";
         },
       },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
       stuck: (why) => stuck.push(why),
-      log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({ current: true });
     expect(fresh.confirmedAt()?.getTime()).toBe(1000);
     applied = 5;
     delivered = false;
-    const other = catchUp({
-      bucket: "b",
+    const other = catchUpOf({
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 2000, heldAtAsk: 5 }),
       tail: { mark: async () => "m2" },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
       stuck: (why) => stuck.push(why),
-      log: silent,
     });
     expect(await other.caughtUp()).toEqual({
       current: false,
@@ -475,8 +437,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
 
   it("short of the stream's last sequence with replicas, holds the view current when its watch reached that sequence while the marker did not come", async () => {
     let applied = 5;
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 3000, heldAtAsk: 5 }),
       tail: {
@@ -486,11 +447,6 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
           return "m3";
         },
       },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
-      stuck: () => {},
-      log: silent,
     });
     expect(await fresh.caughtUp()).toEqual({ current: true });
     expect(fresh.confirmedAt()?.getTime()).toBe(3000);
