@@ -39,15 +39,21 @@ async function leftovers(pid: number): Promise<string[]> {
   ];
 }
 
+/** The state of process `pid` as the kernel says it (`R`, `S`, `D`, `T` stopped, `Z` a zombie…); `undefined` when there is none. */
+function stateOf(pid: number): string | undefined {
+  const stat = `/proc/${pid}/stat`;
+  if (!existsSync(stat)) return undefined;
+  try {
+    return readFileSync(stat, "utf8").split(") ")[1]?.[0];
+  } catch {
+    return undefined;
+  }
+}
+
 /** Whether process `pid` lives (a zombie does not: it is dead, only not yet reaped). */
 function lives(pid: number): boolean {
-  const stat = `/proc/${pid}/stat`;
-  if (!existsSync(stat)) return false;
-  try {
-    return readFileSync(stat, "utf8").split(") ")[1]?.[0] !== "Z";
-  } catch {
-    return false;
-  }
+  const state = stateOf(pid);
+  return state !== undefined && state !== "Z";
 }
 
 /** Each server's replica of the stream, as it says: `<server>: leader <name>, last <seq>`. */
@@ -156,7 +162,10 @@ describe.skipIf(!canMakeHosts)("hosts in network namespaces, a cluster across th
     await cluster.moveLeader(STREAM, s2);
     s3.pause();
     expect(s3.paused).toBe(true);
-    await expect(fetch(`${s3.monitor}/varz`, { signal: AbortSignal.timeout(1000) })).rejects.toThrow();
+    // A stop takes effect as each of the server's threads is next scheduled: the kernel says when it has.
+    await until(() => stateOf(s3.pid!) === "T", 2000, `${s3.name} (pid ${s3.pid}) stopped`);
+    const varz = fetch(`${s3.monitor}/varz`, { signal: AbortSignal.timeout(1000) });
+    await expect(varz, `${s3.name}'s /varz, its pid ${s3.pid} in state ${stateOf(s3.pid!)}`).rejects.toThrow();
     const ack = await via2.jetstream().publish(`${STREAM}.paused`, "", { timeout: 5000 });
     await caughtUp(cluster, ack.seq, 5000, [s1, s2]);
     s3.resume();

@@ -121,14 +121,29 @@ const eventRuns = async (httpUrl: string) =>
   (await sample(httpUrl, "function_runs_total", 'function="provider-failing",trigger="event"')) +
   (await sample(httpUrl, "function_runs_total", 'function="provider-recovered",trigger="event"'));
 
-/** The failing triples of `machine` a replica's HTTP status gives (200 well, 503 not), as `provider/consumer → word@at`. */
+/**
+ * The failing triples of `machine` a replica's HTTP status gives (200 well, 503 not), as
+ * `provider/consumer → word@at`. A status refused (a 503 saying why: a view not yet proven
+ * current, as after a server's loss) is asked again, as a client would, for up to 30 s.
+ */
 async function failingOn(httpUrl: string, machine: string): Promise<Record<string, string>> {
-  const response = await fetch(`${httpUrl}/status?machine=${machine}`);
-  const body = (await response.json()) as { well?: boolean; failing: { provider: string; consumer: string; word: string; at: string }[] };
-  if (response.status !== (body.well ? 200 : 503) || body.failing === undefined) {
-    throw new Error(`status from ${httpUrl}: ${response.status} ${JSON.stringify(body)}`);
+  const askedUntil = Date.now() + 30_000;
+  for (;;) {
+    const response = await fetch(`${httpUrl}/status?machine=${machine}`);
+    const body = (await response.json()) as {
+      well?: boolean;
+      failing?: { provider: string; consumer: string; word: string; at: string }[];
+      error?: { message: string };
+    };
+    if (body.error !== undefined && response.status === 503 && Date.now() < askedUntil) {
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      continue;
+    }
+    if (response.status !== (body.well ? 200 : 503) || body.failing === undefined) {
+      throw new Error(`status from ${httpUrl}: ${response.status} ${JSON.stringify(body)}`);
+    }
+    return Object.fromEntries(body.failing.map((f) => [`${f.provider}/${f.consumer}`, `${f.word}@${f.at}`]));
   }
-  return Object.fromEntries(body.failing.map((f) => [`${f.provider}/${f.consumer}`, `${f.word}@${f.at}`]));
 }
 
 /** The provisioning endpoint's requests per instance of the service, by instance id. */
