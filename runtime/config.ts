@@ -170,13 +170,13 @@ export const RESOLVED_FIELDS: readonly string[] = ["root", "file", "namedBy"] sa
 /** The files `nats` may name (a creds file, an nkey seed, TLS files), each with where it was named. */
 export type NatsFileNames = Readonly<Record<"creds" | "nkey" | "ca" | "cert" | "key", string>>;
 /** The variable of each file of `nats`: what an error names when it was not the config file. */
-export const NATS_FILE_VARIABLES: NatsFileNames = {
+export const NATS_FILE_VARIABLES = {
   creds: "NATS_CREDS",
   nkey: "NATS_NKEY",
   ca: "NATS_CA",
   cert: "NATS_CERT",
   key: "NATS_KEY",
-};
+} as const satisfies NatsFileNames;
 export type BucketConfig = z.output<typeof bucketSchema>;
 export type StreamConfig = z.output<typeof streamSchema>;
 
@@ -253,13 +253,6 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
   // Each file of `nats`: the variable's (from the working folder), else the config file's (from
   // its folder, as its folders are), and where it was named, for the errors about it.
   const tls = config.nats.tls;
-  const given: Record<keyof NatsFileNames, string | undefined> = {
-    creds: e.NATS_CREDS,
-    nkey: e.NATS_NKEY,
-    ca: e.NATS_CA,
-    cert: e.NATS_CERT,
-    key: e.NATS_KEY,
-  };
   const written: Record<keyof NatsFileNames, string | undefined> = {
     creds: config.nats.creds,
     nkey: config.nats.nkey,
@@ -268,7 +261,7 @@ export function resolveConfig(raw: unknown, file: string, env: NodeJS.ProcessEnv
     key: tls?.key,
   };
   const chosen = (field: keyof NatsFileNames) => {
-    const variable = given[field];
+    const variable = e[NATS_FILE_VARIABLES[field]];
     if (variable !== undefined || written[field] === undefined) return { path: variable, by: NATS_FILE_VARIABLES[field] };
     const said = field === "creds" || field === "nkey" ? field : `tls.${field}`;
     return { path: resolve(dirname(file), written[field]), by: `nats.${said} in ${shown}` };
