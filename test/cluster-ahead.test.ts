@@ -9,6 +9,11 @@ import { projectConfig } from "./helpers.ts";
 // A view's watch reads from any server of its stream, and nats-server may store a committed
 // message on a follower before its leader's own store does: a view there then holds more than the
 // leader says it stored. That is a view ahead, not a stream gone back (docs/verb.md §4.6).
+//
+// How often that happens is the machine's: on a 2-core VM a view was ahead 0 to 20 times in 20 s
+// of writes, and once not in 40 s. So the test gives it time, prints how often it came, and asserts
+// what must hold whether it came or not. That a view ahead is told from a stream gone back, every
+// time, is asserted in test/views.test.ts, where the leader's answers are the test's.
 
 const BUCKET = "mesh-provisioner_ahead";
 /** How long the writers and readers run at least, in milliseconds; then on until a view was ahead of its leader, {@link MAX_RUN_MS} at most. */
@@ -50,7 +55,7 @@ afterAll(async () => {
 });
 
 describe.sequential("views of a stream with 3 replicas, one on each server, under writes", () => {
-  it("are ahead of their leader now and then, call no stream gone back, and miss no write acknowledged before a read", async () => {
+  it("call no stream gone back, ahead of their leader or not, and miss no write acknowledged before a read", async () => {
     /** The newest value of each writer's key acknowledged so far. */
     const acked = [0, 0, 0];
     const refused: string[] = [];
@@ -82,13 +87,11 @@ describe.sequential("views of a stream with 3 replicas, one on each server, unde
       }),
     );
     await Promise.all([...writers, ...readers]);
-    // As many writes as the servers take: a follower storing a message before its leader then comes
-    // every few seconds. A view behind may be refused under such a load (its watch lags): that is the
-    // truth, and not what is asserted here.
+    // As many writes as the servers take. A view behind may be refused under such a load (its watch
+    // lags): that is the truth, and not what is asserted here.
     const figures = `${reads} reads, ${refused.length} refused, ${acked.join("+")} writes, ${said.ahead} times a view was ahead of its leader`;
+    console.info(`views of a stream with 3 replicas: ${figures}`);
     expect(reads, figures).toBeGreaterThan(1000);
-    // What this is about happened: a view held messages its leader had not stored yet.
-    expect(said.ahead, figures).toBeGreaterThan(0);
     expect(missed.slice(0, 5), figures).toEqual([]);
     expect(refused.filter((why) => why.includes("went back")).slice(0, 5), figures).toEqual([]);
     expect(said.wentBack.slice(0, 5), figures).toEqual([]);
