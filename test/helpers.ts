@@ -4,7 +4,9 @@ import { join, resolve } from "node:path";
 import type { ChildProcess } from "node:child_process";
 import type { NatsConnection } from "nats";
 import { CONFIG_FILE, loadConfig, start, type Config, type Running } from "../runtime/index.ts";
+import { createLogger } from "../runtime/log.ts";
 import { startTestBus, type TestBus, type TestBusOptions } from "../runtime/testing.ts";
+import { catchUp, type CatchUp } from "../runtime/views/freshness.ts";
 
 export const ROOT = resolve(import.meta.dirname, "..");
 
@@ -70,6 +72,26 @@ export function withoutFunctionFields(config: Config): Config {
   const kept: Record<string, unknown> = { ...config };
   for (const field of FUNCTION_FIELDS) delete kept[field];
   return kept as Config;
+}
+
+/**
+ * A view's freshness (runtime/views/freshness.ts `catchUp`) over requests a test answers: of
+ * bucket `b`, its view applied 9, its stream's last sequence 8, nothing after what it applied,
+ * its leader holding nothing past 8 yet, logging nothing; each as `options` says instead.
+ */
+export function catchUpOf(options: Partial<Parameters<typeof catchUp>[0]> = {}): CatchUp {
+  return catchUp({
+    bucket: "b",
+    applied: () => 9,
+    probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
+    tail: { nothingAfter: async () => true },
+    sameAfter: async () => "none",
+    unavailable: () => undefined,
+    wentBack: () => {},
+    stuck: () => {},
+    log: createLogger({ LOG_LEVEL: "silent" }),
+    ...options,
+  });
 }
 
 /** The project's function set, started on a test bus. */

@@ -4,11 +4,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { KV } from "nats";
 import type { LoadedFunction, Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { createLogger } from "../runtime/log.ts";
 import { READ_DEADLINE_MS } from "../runtime/views/index.ts";
-import { catchUp } from "../runtime/views/freshness.ts";
 import { coalesced, type LastSequence } from "../runtime/views/probes.ts";
-import { startSet, testBus, until } from "./helpers.ts";
+import { catchUpOf, startSet, testBus, until } from "./helpers.ts";
 
 // A read in flight when the server stops answering ends within the read's deadline
 // (docs/verb.md §4.6, "The deadline"): a 503 saying why, or with `stale=true` what the view
@@ -170,22 +168,15 @@ describe("reads while the server hangs (SIGSTOP)", () => {
 });
 
 describe("a read's deadline over a check that never answers", () => {
-  const silent = createLogger({ LOG_LEVEL: "silent" });
   /** A view's freshness whose probes are not answered until `wake()`, as a hung server's are not. */
   const hung = () => {
     let awake = false;
     const waiting: ((found: LastSequence) => void)[] = [];
     const found = () => ({ sequence: 7, askedAt: Date.now(), heldAtAsk: 7 });
-    const fresh = catchUp({
-      bucket: "b",
+    const fresh = catchUpOf({
       applied: () => 7,
       probe: coalesced(() => (awake ? Promise.resolve(found()) : new Promise<LastSequence>((resolve) => waiting.push(resolve)))),
       tail: { nothingAfter: async () => false },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
-      stuck: () => {},
-      log: silent,
     });
     const wake = () => {
       awake = true;

@@ -7,10 +7,10 @@ import type { ReadBucket, WriteBucket } from "../runtime/types.ts";
 import { createLogger } from "../runtime/log.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { MARKER_KEY, MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
-import { catchUp } from "../runtime/views/freshness.ts";
+import type { CatchUp } from "../runtime/views/freshness.ts";
 import { appliedAt, startGeneration } from "../runtime/views/generation.ts";
 import { coalesced, messageFromProbe, type LastSequence } from "../runtime/views/probes.ts";
-import { testBus, until } from "./helpers.ts";
+import { catchUpOf, testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must
 // answer exactly what the server answers.
@@ -195,22 +195,6 @@ describe("a listing by the stream's gets, without a consumer", () => {
 });
 
 describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
-  const silent = createLogger({ LOG_LEVEL: "silent" });
-  /** A catch-up of bucket `b` whose view applied 9, its stream's last sequence 8 unless said. */
-  const catchUpOf = (options: Partial<Parameters<typeof catchUp>[0]>) =>
-    catchUp({
-      bucket: "b",
-      applied: () => 9,
-      probe: async () => ({ sequence: 8, askedAt: 1, heldAtAsk: 9 }),
-      tail: { nothingAfter: async () => true },
-      sameAfter: async () => "none",
-      unavailable: () => undefined,
-      wentBack: () => {},
-      stuck: () => {},
-      log: silent,
-      ...options,
-    });
-
   it("stores nothing on one server: the stream keeps its messages and has no marker after 200 checks", async () => {
     const jsm = await seat.jetstreamManager();
     const before = (await jsm.streams.info(`KV_${BUCKET}`)).state;
@@ -380,7 +364,13 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     const w = writeBucket(probeKv, seat.jetstream(), name);
     const first = await w.put("a.one", "1");
     const second = await w.put("a.two", "2");
-    const generation = await startGeneration(probeKv, name, silent, { applied: () => {}, ended: () => {} }, [5000]);
+    const generation = await startGeneration(
+      probeKv,
+      name,
+      createLogger({ LOG_LEVEL: "silent" }),
+      { applied: () => {}, ended: () => {} },
+      [5000],
+    );
     await generation.loaded;
     await until(() => generation.applied >= second, 5000, "the generation applied both");
     const messageFrom = messageFromProbe(seat, name);
@@ -405,7 +395,7 @@ describe("a live view's freshness probe (docs/verb.md §4.6)", () => {
     let applied = 5;
     const stuck: string[] = [];
     let delivered = true;
-    const fresh: ReturnType<typeof catchUp> = catchUpOf({
+    const fresh: CatchUp = catchUpOf({
       applied: () => applied,
       probe: async () => ({ sequence: 9, askedAt: 1000, heldAtAsk: 5 }),
       tail: {
