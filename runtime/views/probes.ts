@@ -6,6 +6,7 @@
  * connection's one inbox subscription; {@link coalesced} shares one between concurrent reads.
  */
 import { randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
 import { headers, type NatsConnection, type StreamConfig } from "nats";
 import { publisherOf, requesterOf } from "../publisher.ts";
 
@@ -114,6 +115,9 @@ export function lastSequenceProbe(
   };
 }
 
+/** A stream's leader answered, and heard from no quorum of its servers within the time asked. */
+class NotHeardLately extends Error {}
+
 /**
  * The last sequence of stream `KV_<bucket>` from its info (`$JS.API.STREAM.INFO.KV_<bucket>`),
  * asked with the connection's {@link requesterOf} within `timeoutMs` ({@link PROBE_TIMEOUT_MS}
@@ -132,7 +136,7 @@ function leaderInfo(nc: NatsConnection, bucket: string, replicas: number): (with
     if (!leader) throw new Error(`stream ${stream} has no leader`);
     const heard = peers.filter((p) => p.offline !== true && p.active <= withinMs * 1e6).length;
     if (2 * (heard + 1) <= peers.length + 1) {
-      throw new Error(
+      throw new NotHeardLately(
         `the leader of stream ${stream}, ${leader}, heard from no quorum of its servers within ${withinMs / 1000} s: it may be cut off`,
       );
     }
@@ -182,6 +186,18 @@ export function messageFromProbe(nc: NatsConnection, bucket: string): MessageFro
 export const MARKER_LEASE_MS = 300;
 
 /**
+ * How long the leader is asked again, every {@link MARKER_LEASE_STEP_MS}, until it heard from a
+ * quorum within {@link MARKER_LEASE_MS}, in milliseconds (a read's deadline may end it sooner):
+ * on a stream nobody writes to, a leader hears from its followers once a second, and up to 2 s
+ * after a write (nats-server 2.9), so one asked once heard from them within 0.3 s about one time
+ * in three, or less. A leader cut off from its quorum never does.
+ */
+export const MARKER_LEASE_WAIT_MS = 2000;
+
+/** How often the leader is asked again within {@link MARKER_LEASE_WAIT_MS}, in milliseconds. */
+export const MARKER_LEASE_STEP_MS = 100;
+
+/**
  * Asks whether stream `KV_<bucket>` holds no message after a sequence: a direct get
  * (`$JS.API.DIRECT.GET.KV_<bucket>`) of the first message of `$KV.<bucket>.>` after it, or,
  * when `config` does not allow direct gets or has replicas, the stream API's get
@@ -220,10 +236,11 @@ function firstFrom(bucket: string): (sequence: number) => string {
  * holds every write acknowledged before. For a view of a replicated stream short of the stream's
  * last sequence, where no server's get can tell whether its last messages were removed (a purge,
  * an age limit). Written only then, never before every read, and only once the stream's leader,
- * asked right before, heard from a quorum within {@link MARKER_LEASE_MS}: nats-server 2.9 keeps,
- * on a leader cut off from its quorum, whatever it was sent meanwhile, in place of acknowledged
- * writes, once the cut heals. Rejects naming why the leader was not asked to, or as the
- * connection's {@link publisherOf} does.
+ * asked right before, heard from a quorum within {@link MARKER_LEASE_MS} (asked again every
+ * {@link MARKER_LEASE_STEP_MS} for up to {@link MARKER_LEASE_WAIT_MS} until it has): nats-server
+ * 2.9 keeps, on a leader cut off from its quorum, whatever it was sent meanwhile, in place of
+ * acknowledged writes, once the cut heals. Rejects naming why the leader was not asked to, or as
+ * the connection's {@link publisherOf} does.
  */
 export function endMarker(nc: NatsConnection, bucket: string, replicas: number): () => Promise<string> {
   const subject = `$KV.${bucket}.${MARKER_KEY}`;
@@ -231,8 +248,23 @@ export function endMarker(nc: NatsConnection, bucket: string, replicas: number):
   const info = leaderInfo(nc, bucket, replicas);
   const id = randomUUID();
   let made = 0;
+  /** Resolves once the leader heard from a quorum within {@link MARKER_LEASE_MS}; rejects as the last asking did. */
+  const leased = async () => {
+    const until = performance.now() + MARKER_LEASE_WAIT_MS;
+    for (;;) {
+      try {
+        return await info(MARKER_LEASE_MS);
+      } catch (err) {
+        if (!(err instanceof NotHeardLately)) throw err;
+        if (performance.now() + MARKER_LEASE_STEP_MS > until) {
+          throw new Error(`${err.message} (asked every ${MARKER_LEASE_STEP_MS / 1000} s for ${MARKER_LEASE_WAIT_MS / 1000} s)`);
+        }
+        await sleep(MARKER_LEASE_STEP_MS);
+      }
+    }
+  };
   return async () => {
-    await info(MARKER_LEASE_MS);
+    await leased();
     const h = headers();
     h.set("KV-Operation", "DEL");
     const marker = `${id}.${++made}`;
