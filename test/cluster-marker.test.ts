@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { endMarker, MARKER_KEY, MARKER_LEASE_WAIT_MS } from "../runtime/views/probes.ts";
@@ -14,7 +15,12 @@ const STREAM = `KV_${BUCKET}`;
 let tc: TestCluster;
 let paused: number[] = [];
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** What one asking for a marker did: `written`, or the refusal's words. */
+const outcome = (marking: Promise<string>) =>
+  marking.then(
+    () => "written",
+    (err: Error) => err.message,
+  );
 /** The number (1 to 3) of the server named `name`. */
 const numberOf = (name: string) => tc.cluster.servers.findIndex((s) => s.name === name) + 1;
 
@@ -29,12 +35,7 @@ async function markers(nc: NatsConnection, times: number): Promise<string[]> {
   const done: string[] = [];
   for (let i = 0; i < times; i++) {
     await sleep(300 + Math.random() * 700);
-    done.push(
-      await mark().then(
-        () => "written",
-        (err: Error) => err.message,
-      ),
-    );
+    done.push(await outcome(mark()));
   }
   return done;
 }
@@ -89,10 +90,7 @@ describe("a view's marker on a stream with replicas 3 (docs/verb.md §4.6)", () 
       // Until the leader has not heard from either for more than 0.3 s.
       await sleep(500);
       const began = performance.now();
-      const refused = await endMarker(nc, BUCKET, 3)().then(
-        () => "written",
-        (err: Error) => err.message,
-      );
+      const refused = await outcome(endMarker(nc, BUCKET, 3)());
       expect(refused).toBe(
         `the leader of stream ${STREAM}, ${leader}, heard from no quorum of its servers within 0.3 s: it may be cut off (asked every 0.1 s for 2 s)`,
       );
