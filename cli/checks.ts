@@ -19,7 +19,7 @@ export function formatChecks(answer: { entries: readonly (Check & { confirmed: b
         c.module,
         c.provision,
         `${c.ok ? "ok" : (c.reason ?? DEFAULT_CHECK_REASON)} ${failingFor(c.since, now)}`,
-        c.confirmed ? "yes" : "no (node not reachable)",
+        c.confirmed ? "yes" : "no (node unreachable or silent)",
         c.revision ?? "-",
         shown(c.message ?? "-", 80),
       ]),
