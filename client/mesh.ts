@@ -129,14 +129,15 @@ const decoder = new TextDecoder();
  * server refuses.
  */
 export async function openMesh(options: MeshOptions): Promise<Mesh> {
-  const servers = typeof options.servers === "string" ? [options.servers] : [...(options.servers ?? [])];
+  const given: unknown = options.servers;
+  const servers: unknown[] = typeof given === "string" ? [given] : Array.isArray(given) ? [...given] : [];
   if (servers.length === 0 || servers.some((s) => typeof s !== "string" || s === "")) {
     throw new ClientArgumentError("servers", "must be one NATS URL or more");
   }
   const { user, password } = checked("credentials", credentials, options.credentials);
   const seat = tokenArg("seat", options.seat ?? "mesh-provisioner");
   const nc = await connect({
-    servers,
+    servers: servers as string[],
     user,
     pass: password,
     inboxPrefix: `_INBOX.${user}`,

@@ -10,11 +10,13 @@ import {
   checkedEvent,
   checkedSubject,
   DEFAULT_CHECK_REASON,
+  MAX_WORD,
   refreshNotice,
   refreshSubject,
   type RefreshNotice,
 } from "../contract/events.ts";
 import { PRESENCE_EVERY_SECONDS, presenceValue } from "../contract/presence.ts";
+import { cutText } from "../contract/text.ts";
 import {
   allPages,
   checked,
@@ -91,7 +93,7 @@ export interface NodeClient {
    * (docs/presence.md §16.5) when it differs from the last this client published for them (its
    * `ok`, `reason` or `revision`), `at` now; the first result is always published. Returns
    * whether it published. `reason` is one CamelCase word (`AuthFailed`), `CheckFailed` when a
-   * failing result gives none.
+   * failing result gives none; `message` is sent cut to 1,024 characters, as the set keeps it.
    */
   check(module: string, provision: string, result: CheckResult): Promise<boolean>;
   /**
@@ -99,7 +101,9 @@ export interface NodeClient {
    * default), each within `timeoutSeconds` (10 by default), and publishes each change of its
    * result with {@link NodeClient.check}: ok when it returns (its `revision`, when it gives one),
    * failing when it throws (the error's `message`, and its `reason` when that is one CamelCase
-   * word) or times out (`Timeout`). Stops on `stop()` or `close()`.
+   * word), times out (`Timeout`), or gives a `revision` that is not a revision's name
+   * (`CheckFailed`, saying so). Stops on `stop()` or `close()`, a probe still running then not
+   * waited for; throws when the client is closed.
    */
   keepChecking(
     module: string,
@@ -199,7 +203,9 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     const said = [read.ok, read.ok ? "" : (read.reason ?? DEFAULT_CHECK_REASON), read.revision ?? ""].join(" ");
     const id = `${module}.${provision}`;
     if (published.get(id) === said) return false;
-    const event = { module, provision, ...read, at: new Date().toISOString() };
+    // Cut as the set keeps it: a message too long for one message would never be published.
+    const message = read.message === undefined ? {} : { message: cutText(read.message, MAX_WORD) };
+    const event = { module, provision, ...read, ...message, at: new Date().toISOString() };
     await js.publish(checkedSubject(node), JSON.stringify(event));
     published.set(id, said);
     return true;
@@ -266,11 +272,12 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       checked("provision", checkedEvent.shape.provision, provision);
       if (typeof probe !== "function") throw new ClientArgumentError("probe", "must be a function");
       const { everySeconds = 60, timeoutSeconds = 10 } = checked("options", checkingOptions, options) ?? {};
+      if (closed) throw new Error("the node client is closed: it checks nothing more");
       let stopped = false;
       let timer: NodeJS.Timeout | undefined;
+      let timeout: NodeJS.Timeout | undefined;
       const once = async () => {
         let result: CheckResult;
-        let timeout: NodeJS.Timeout | undefined;
         try {
           const gave = await Promise.race([
             Promise.resolve().then(probe),
@@ -278,19 +285,18 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
               timeout = setTimeout(() => reject(new ProbeTimeout(timeoutSeconds)), timeoutSeconds * 1000);
             }),
           ]);
-          result = { ok: true, ...(gave && typeof gave.revision === "string" ? { revision: gave.revision } : {}) };
+          // Whatever it returns is ok; a `revision` it gives must name one.
+          const given = typeof gave === "object" && gave !== null ? (gave as { revision?: unknown }).revision : undefined;
+          const revision = checkedEvent.shape.revision.safeParse(given);
+          result = revision.success
+            ? { ok: true, ...(revision.data === undefined ? {} : { revision: revision.data }) }
+            : {
+                ok: false,
+                reason: DEFAULT_CHECK_REASON,
+                message: `the probe gave a revision out of shape: ${z.prettifyError(revision.error)}`,
+              };
         } catch (err) {
-          const reason = (err as { reason?: unknown } | null)?.reason;
-          result = {
-            ok: false,
-            reason:
-              err instanceof ProbeTimeout
-                ? "Timeout"
-                : typeof reason === "string" && CHECK_REASON.test(reason)
-                  ? reason
-                  : DEFAULT_CHECK_REASON,
-            message: err instanceof Error ? err.message : String(err),
-          };
+          result = failureOf(err);
         } finally {
           clearTimeout(timeout);
         }
@@ -305,6 +311,8 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
         stop: () => {
           stopped = true;
           clearTimeout(timer);
+          // A probe still running is not waited for: its result is dropped, and its time limit no longer holds the process.
+          clearTimeout(timeout);
           checking.delete(handle);
         },
       };
@@ -324,6 +332,29 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       for (const c of [...checking]) c.stop();
       await mesh.nc.drain();
     },
+  };
+}
+
+/**
+ * The failing result of a probe that threw `err`: reason `Timeout` when it ran out of time, else
+ * the error's `reason` when that is one CamelCase word, else `CheckFailed`; the message the
+ * error's, or the value thrown as text. Never throws, whatever was thrown.
+ */
+function failureOf(err: unknown): CheckResult {
+  if (err instanceof ProbeTimeout) return { ok: false, reason: "Timeout", message: err.message };
+  const said = <T>(read: () => T): T | undefined => {
+    try {
+      return read();
+    } catch {
+      return undefined;
+    }
+  };
+  const reason = said(() => (err as { reason?: unknown } | null)?.reason);
+  const message = said(() => (err instanceof Error ? err.message : String(err)));
+  return {
+    ok: false,
+    reason: typeof reason === "string" && CHECK_REASON.test(reason) ? reason : DEFAULT_CHECK_REASON,
+    message: typeof message === "string" ? message : "the probe threw a value that cannot be said as text",
   };
 }
 

@@ -180,6 +180,7 @@ describe("bad arguments", () => {
     expect(await refused(() => keycloak.holders("*"))).toBe("provision");
     expect(await refused(() => connectNode({ servers: bus.url, node: "al.der", credentials: { password: "x" } }))).toBe("node");
     expect(await refused(() => connectNode({ servers: [], node: "alder", credentials: { password: "x" } }))).toBe("servers");
+    expect(await refused(() => connectNode({ servers: 5 as never, node: "alder", credentials: { password: "x" } }))).toBe("servers");
     // Nothing of these reached the buckets.
     expect((await needsOf(alder, "gitea")).entries.map((e) => e.key)).toEqual([
       "alder.gitea.bound.postgres/address",

@@ -1,10 +1,13 @@
+import { execFile } from "node:child_process";
+import { join } from "node:path";
+import { promisify } from "node:util";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ClientArgumentError, connectNode, type BackgroundFailure, type NodeClient } from "../client/index.ts";
 import type { Check } from "../functions/_lib/checks.ts";
 import type { Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
-import { request, startSet, testBus, until } from "./helpers.ts";
+import { request, ROOT, startSet, testBus, until } from "./helpers.ts";
 
 // docs/client.md §9.1: a probe run on a timer, its result published only when it changes. A file
 // of its own: its first test takes a minute, and runs beside the other files.
@@ -74,11 +77,120 @@ describe("keepChecking (docs/client.md §9.1)", () => {
     });
   });
 
+  it("gives a probe that throws a value with no text a failing check, CheckFailed, and goes on probing", async () => {
+    let probes = 0;
+    const odd = alder.keepChecking(
+      "caddy",
+      "odd",
+      () => {
+        probes++;
+        // No prototype: String() of it throws.
+        throw Object.create(null);
+      },
+      { everySeconds: 0.2 },
+    );
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "odd" })).length === 1);
+    await until(() => probes >= 3);
+    odd.stop();
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "odd" }))[0]).toMatchObject({
+      ok: false,
+      reason: "CheckFailed",
+      message: "the probe threw a value that cannot be said as text",
+    });
+    // An error whose message cannot be read, with a reason that can: the reason, and the same message.
+    const unreadable = Object.defineProperty(new Error("never read"), "message", {
+      get() {
+        throw new Error("no");
+      },
+    });
+    const hidden = alder.keepChecking("caddy", "hidden", () => Promise.reject(Object.assign(unreadable, { reason: "AuthFailed" })), {
+      everySeconds: 60,
+    });
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "hidden" })).length === 1);
+    hidden.stop();
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "hidden" }))[0]).toMatchObject({
+      ok: false,
+      reason: "AuthFailed",
+      message: "the probe threw a value that cannot be said as text",
+    });
+  });
+
+  it("publishes a probe's revision, whatever else it returns, and a revision out of shape as a failing check", async () => {
+    const gave: unknown[] = [{ revision: 7 }, "PONG", { revision: "r3", rows: 1 }, { revision: "" }];
+    const seen: unknown[] = [];
+    let next = 0;
+    // A second each: every result stays long enough to be seen.
+    const checking = alder.keepChecking("caddy", "answers", () => gave[Math.min(next++, gave.length - 1)] as never, {
+      everySeconds: 1,
+    });
+    const kept = async () => (await checksOf({ node: "alder", module: "caddy", provision: "answers" }))[0];
+    for (const want of [
+      { ok: false, reason: "CheckFailed" },
+      { ok: true, revision: null },
+      { ok: true, revision: "r3" },
+      { ok: false, reason: "CheckFailed" },
+    ]) {
+      await until(async () => {
+        const check = await kept();
+        return (
+          check !== undefined &&
+          check.ok === want.ok &&
+          (want.revision === undefined || check.revision === want.revision) &&
+          !seen.includes(check.at)
+        );
+      });
+      const check = (await kept())!;
+      seen.push(check.at);
+      expect(check).toMatchObject(want);
+      if (!check.ok) expect(check.message).toMatch(/^the probe gave a revision out of shape: /);
+    }
+    checking.stop();
+  });
+
+  it("publishes a message longer than one message can carry, cut to 1,024 characters as the set keeps it", async () => {
+    const long = "x".repeat(2 * 1024 * 1024);
+    expect(await alder.check("caddy", "long", { ok: false, reason: "AuthFailed", message: long })).toBe(true);
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "long" })).length === 1);
+    const { message } = (await checksOf({ node: "alder", module: "caddy", provision: "long" }))[0]!;
+    expect(message).toBe(`${"x".repeat(1023)}…`);
+  });
+
   it("refuses bad arguments with a ClientArgumentError", () => {
     expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(ClientArgumentError);
     expect(() => alder.keepChecking("caddy", "a/b", () => {})).toThrow(/provision/);
     expect(() => alder.keepChecking("caddy", "acme", "nope" as never)).toThrow(/probe must be a function/);
     expect(() => alder.keepChecking("caddy", "acme", () => {}, { everySeconds: 0 })).toThrow(/options\.everySeconds/);
+  });
+});
+
+describe("close() (docs/client.md §9.1)", () => {
+  it("lets the process end at once with a probe still hanging, and keepChecking then throws", { timeout: 60_000 }, async () => {
+    // In a process of its own: what is measured is when that process can end.
+    const script = `
+      import { connectNode } from ${JSON.stringify(join(ROOT, "client", "index.ts"))};
+      const node = await connectNode({ servers: process.env.URL, node: "birch", credentials: { password: process.env.PASSWORD } });
+      node.keepChecking("caddy", "hung", () => new Promise(() => {}), { everySeconds: 1, timeoutSeconds: 30 });
+      await new Promise((r) => setTimeout(r, 500));
+      await node.close();
+      try {
+        node.keepChecking("caddy", "late", () => {});
+      } catch (err) {
+        console.log("refused:", err.message);
+      }
+      console.log("closed at", Date.now());
+    `;
+    const began = Date.now();
+    const { stdout } = await promisify(execFile)(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], {
+      cwd: ROOT,
+      env: { ...process.env, URL: bus.url, PASSWORD: bus.server.users.birch!.password },
+      timeout: 45_000,
+    });
+    const ended = Date.now();
+    expect(stdout).toContain("refused: the node client is closed: it checks nothing more");
+    const closedAt = Number(/closed at (\d+)/.exec(stdout)![1]);
+    // The probe's 30 s limit does not hold the process; it ends as soon as it is idle.
+    expect(ended - closedAt).toBeLessThan(5000);
+    expect(ended - began).toBeLessThan(25_000);
   });
 });
 

@@ -4,7 +4,7 @@
  */
 import type { Entry, Snapshot } from "../../runtime/index.ts";
 import { keeping } from "./keeping.ts";
-import { cutText } from "./text.ts";
+import { cutText } from "../../contract/text.ts";
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
 /** The longest `error` kept, in characters; a longer one is cut and marked with `…`. */

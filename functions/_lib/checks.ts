@@ -16,7 +16,7 @@ import {
 import { DEFAULT_CHECK_REASON, MAX_WORD, type CheckedEvent } from "../../contract/events.ts";
 import { MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
 import { compareTimes, rfc3339 } from "../../contract/times.ts";
-import { cutText } from "./text.ts";
+import { cutText } from "../../contract/text.ts";
 import { jsonOf, valuesOf } from "./values.ts";
 
 /** The subjects checks are published on, one token a node (docs/presence.md §16.5). */

@@ -12,7 +12,8 @@ import {
 import { MAX_TOKEN, TOKEN } from "../../contract/keys.ts";
 import { compareTimes, rfc3339 } from "../../contract/times.ts";
 import { MAX_WORD, type FailingEvent, type RecoveredEvent } from "../../contract/events.ts";
-import { compareText, cutText } from "./text.ts";
+import { cutText } from "../../contract/text.ts";
+import { compareText } from "./text.ts";
 import { jsonOf, valuesOf } from "./values.ts";
 
 /** The config's stream the providers' events are kept in, followed by durable consumers (docs/failing.md §5.4). */

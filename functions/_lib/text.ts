@@ -1,13 +1,7 @@
 /**
- * Text and ordering the domain's files share: cutting a text to a length, counting in words,
- * comparing keys. Imported, never copied.
+ * Text and ordering the domain's files share: counting in words, comparing keys (cutting a text
+ * to a length is the contract's, contract/text.ts). Imported, never copied.
  */
-
-/** `text` of at most `max` characters (code points): a longer one cut and marked with `…`. */
-export function cutText(text: string, max: number): string {
-  const chars = [...text];
-  return chars.length <= max ? text : `${chars.slice(0, max - 1).join("")}…`;
-}
 
 /** `n` and its noun: `1 need`, `3 needs`; `pluralForm` when adding `s` is not the plural. */
 export const plural = (n: number, singular: string, pluralForm = `${singular}s`): string => `${n} ${n === 1 ? singular : pluralForm}`;

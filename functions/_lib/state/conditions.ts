@@ -3,7 +3,8 @@
  * condition's reason, message and `since` are made. A builder given nothing to say of returns
  * `undefined`. Which needs, providers or holders a condition is about is decided by its caller.
  */
-import { cutText, plural } from "../text.ts";
+import { cutText } from "../../../contract/text.ts";
+import { plural } from "../text.ts";
 import type { Condition, ConditionType, ModuleState, TimedStaleHolder } from "./vocabulary.ts";
 
 /** The longest `error` and condition message kept, in characters; a longer one is cut and marked with `…`. */
