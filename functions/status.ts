@@ -11,9 +11,9 @@ import {
   provisioningOf,
   readModel,
   staleHoldersOf,
-  stateAt,
   STATE_VIEWS,
   STATES,
+  unconfirmedChecksOf,
 } from "./_lib/state.ts";
 import { countFailing, NO_NODES, readStatus, STATUS, statusAnswer, statusReads, statusRequest } from "./_lib/status.ts";
 
@@ -79,16 +79,10 @@ export default defineFunction({
       labels: ["result"],
       collect: async (ctx) => {
         const { model } = await readModel(ctx, { stale: true });
-        const now = ctx.clock.now();
-        let unconfirmed = 0;
-        for (const m of model.modules.values()) {
-          if (m.checks.ok + m.checks.failing > 0)
-            unconfirmed += stateAt(model, m, now, ctx.config.provisioning.graceSeconds).checks.unconfirmed;
-        }
         return [
           { labels: { result: "ok" }, value: model.checks.ok },
           { labels: { result: "failing" }, value: model.checks.failing },
-          { labels: { result: "unconfirmed" }, value: unconfirmed },
+          { labels: { result: "unconfirmed" }, value: unconfirmedChecksOf(model, ctx.clock.now()) },
         ];
       },
     },

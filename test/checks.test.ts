@@ -117,6 +117,27 @@ describe("checks (docs/presence.md §16.5)", () => {
     expect(kept!.since).toBe(at(4));
   });
 
+  it("counts a failing check of a module the state does not list in status (not well) and the metrics, as what=checks does", async () => {
+    const metric = async (result: string) =>
+      Number(new RegExp(`\\nchecks\\{result="${result}"\\} (\\d+)\\n`).exec(await (await fetch(`${set.httpUrl}/metrics`)).text())![1]);
+    const failing = await metric("failing");
+    const unconfirmed = await metric("unconfirmed");
+    await publishAs("cedar", { module: "ghost", provision: "vault", ok: false, reason: "AuthFailed", at: new Date().toISOString() });
+    await until(async () => (await checksOf({ node: "cedar", module: "ghost" })).length === 1);
+    // No assignment, need or applied record: no state, and no CheckFailing.
+    expect((await verb({ what: "state", node: "cedar", module: "ghost" })).entries).toEqual([]);
+    await until(async () => (await status({ machine: "cedar" })).checks.failing === 1);
+    expect((await status({ machine: "cedar" })).well).toBe(false);
+    expect((await status({ consumer: "ghost" })).checks.failing).toBe(1);
+    await until(async () => (await metric("failing")) === failing + 1);
+    // cedar writes no presence: its check is unconfirmed.
+    expect(await metric("unconfirmed")).toBe(unconfirmed + 1);
+    await publishAs("cedar", { module: "ghost", provision: "vault", ok: true, at: new Date().toISOString() });
+    await until(async () => (await status({ machine: "cedar" })).checks.failing === 0);
+    expect((await status({ machine: "cedar" })).well).toBe(true);
+    expect(await metric("failing")).toBe(failing);
+  });
+
   it("refuses and counts a check out of shape, and a node publishing another node's check is refused by the server", async () => {
     const before = (await status()).rejectedEvents;
     await publishAs("cedar", "not json");

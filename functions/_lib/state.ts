@@ -49,6 +49,7 @@ export {
   staleHoldersAt,
   staleHoldersOf,
   stateAt,
+  unconfirmedChecksOf,
   type NodeEntry,
   type NodesStatus,
 } from "./state/reads.ts";

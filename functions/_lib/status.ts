@@ -153,8 +153,9 @@ export async function countFailing(failing: ReadBucket): Promise<{ failing: numb
  * the runtime's count of refused events and what it found JetStream stores. `well` is false
  * while any reached key is failing or out of shape, while the mesh cannot record events, while
  * a module counts against the mesh (`provisioning`, docs/state.md §7), a holder is stale past its
- * grace (`stale`, docs/rotation.md §8.3) or a node is unreachable (`nodes`,
- * docs/presence.md §16.3). When the answer would not fit in `maxPayload`, out-of-shape keys and
+ * grace (`stale`, docs/rotation.md §8.3), a node is unreachable (`nodes`,
+ * docs/presence.md §16.3) or a kept check fails (`checks`, docs/presence.md §16.5: a module
+ * the state does not list has checks too). When the answer would not fit in `maxPayload`, out-of-shape keys and
  * then the last failing triples are left out, and counted in `omitted`.
  */
 export async function readStatus(
@@ -185,7 +186,8 @@ export async function readStatus(
       events.recording &&
       provisioning.notWell.length === 0 &&
       stale.length === 0 &&
-      nodes.unreachable.length === 0,
+      nodes.unreachable.length === 0 &&
+      checks.failing === 0,
     failing,
     outOfShape,
     omitted: 0,

@@ -82,6 +82,7 @@ const EMPTY_MODEL: Model = {
   conditions: zeroConditionCounts(),
   staleHolders: 0,
   checks: { ok: 0, failing: 0 },
+  keptChecks: new Map(),
   consumers: new BTree<string, TrackedModule>(),
   presence: new BTree<string, NodePresence>(),
   nodes: new BTree<string, number>(),
@@ -131,11 +132,15 @@ function applyChanges(
   const counts = { ...before.counts };
   const conditions = { ...before.conditions };
   let { staleHolders } = before;
-  const checks = { ...before.checks };
+  let checks = before.checks;
   const remake = new Set<string>();
   if (now.checks !== undefined) {
     for (const key of differing(keeper.checks, now.checks)) remake.add(key);
     keeper.checks = now.checks;
+    // Counted from every kept check, as what=checks and the alerts see them: a module the model does not list has checks too.
+    const counted = { ok: 0, failing: 0 };
+    for (const list of now.checks.values()) for (const c of list) counted[c.ok ? "ok" : "failing"]++;
+    checks = counted;
   }
   if (now.rotatedTo !== undefined) {
     // What a failing check says depends on the newest revision of its provision.
@@ -201,8 +206,6 @@ function applyChanges(
       counts[old.base.state]--;
       for (const c of old.base.conditions) conditions[c.type]--;
       staleHolders -= old.stale.length;
-      checks.ok -= old.checks.ok;
-      checks.failing -= old.checks.failing;
       watched.delete(key);
       consumers.delete(key);
       countNode(key, -1);
@@ -218,15 +221,25 @@ function applyChanges(
     counts[tracked.base.state]++;
     for (const c of tracked.base.conditions) conditions[c.type]++;
     staleHolders += tracked.stale.length;
-    checks.ok += tracked.checks.ok;
-    checks.failing += tracked.checks.failing;
     if (isWatched(tracked)) watched.set(key, tracked);
     if (tracked.providerNeeds.length > 0) consumers.set(key, tracked);
   }
   const outOfShape = !answerOutOfShapeChanged
     ? before.outOfShape
     : [...keeper.noModuleOutOfShape.values(), ...[...keeper.parts.values()].flatMap((p) => p.answerOutOfShape)].sort(byKey);
-  keeper.model = { modules, watched, outOfShape, counts, conditions, staleHolders, checks, consumers, presence, nodes };
+  keeper.model = {
+    modules,
+    watched,
+    outOfShape,
+    counts,
+    conditions,
+    staleHolders,
+    checks,
+    keptChecks: keeper.checks,
+    consumers,
+    presence,
+    nodes,
+  };
   return keeper.model;
 }
 

@@ -281,10 +281,27 @@ export function nodesStatusOf(model: Model, now: Date, narrowing: { node?: strin
   return { counts, unreachable };
 }
 
-/** How many kept checks fail (docs/presence.md §16.5), of the modules on `node` named `module` when given. */
+/**
+ * How many kept checks fail (docs/presence.md §16.5), of the modules on `node` named `module`
+ * when given, whether the model lists the module or not.
+ */
 export function failingChecksOf(model: Model, narrowing: { node?: string; module?: string } = {}): number {
   if (narrowing.node === undefined && narrowing.module === undefined) return model.checks.failing;
   let failing = 0;
-  for (const m of modulesOf(model.modules, narrowing)) failing += m.checks.failing;
+  for (const [key, list] of model.keptChecks) {
+    const dot = key.indexOf(".");
+    if (narrowing.node !== undefined && key.slice(0, dot) !== narrowing.node) continue;
+    if (narrowing.module !== undefined && key.slice(dot + 1) !== narrowing.module) continue;
+    for (const c of list) if (!c.ok) failing++;
+  }
   return failing;
+}
+
+/** How many kept checks are unconfirmed at `now`: those of a node that is not reachable (docs/presence.md §16.5). */
+export function unconfirmedChecksOf(model: Model, now: Date): number {
+  let unconfirmed = 0;
+  for (const [key, list] of model.keptChecks) {
+    if (presenceAt(model.presence, key.slice(0, key.indexOf(".")), now).presence !== "reachable") unconfirmed += list.length;
+  }
+  return unconfirmed;
 }

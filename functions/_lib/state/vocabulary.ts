@@ -5,6 +5,7 @@
  */
 import { z } from "zod";
 import type { Snapshot } from "../../../runtime/index.ts";
+import type { Check } from "../checks.ts";
 import type { StaleHolder } from "../rotation.ts";
 import { rotationConfig } from "../rotation-record.ts";
 
@@ -162,8 +163,10 @@ export interface Model {
   readonly conditions: Readonly<Record<ConditionType, number>>;
   /** Stale holders, within their grace or past it. */
   readonly staleHolders: number;
-  /** Kept checks, ok and failing (docs/presence.md §16.5). */
+  /** Every kept check, ok and failing, of a module the model lists or not (docs/presence.md §16.5). */
   readonly checks: { readonly ok: number; readonly failing: number };
+  /** Every kept check, by module key (`<node>.<module>`), of a module the model lists or not. */
+  readonly keptChecks: ReadonlyMap<string, readonly Check[]>;
   /** The modules with a need naming an assigned provider module, by key: those `ProviderUnreachable` may come to. */
   readonly consumers: Modules;
   /** Every node's last presence write, by node. */
