@@ -102,6 +102,12 @@ export function table(rows: readonly (readonly string[])[]): string[] {
   return rows.map((row) => row.map((text, i) => (i === row.length - 1 ? text : text.padEnd(widths[i]!))).join("  "));
 }
 
+/** An answer's keys out of shape with their reasons, after a blank line; nothing when there are none. */
+export function outOfShapeLines(outOfShape: readonly { readonly key: string; readonly reason: string }[]): string[] {
+  if (outOfShape.length === 0) return [];
+  return ["", `out of shape (${outOfShape.length}):`, ...outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`)];
+}
+
 /** An answer as a readable table, then its out-of-shape keys with their reasons. */
 export function formatAnswer(answer: AnswerOf<What>): string {
   const { columns } = VERB_SHAPE.whats[answer.what];
@@ -112,13 +118,7 @@ export function formatAnswer(answer: AnswerOf<What>): string {
           ...table([columns.map((c) => c.toUpperCase()), ...answer.entries.map((e) => columns.map((c) => cell(e, c)))]),
           `${answer.entries.length} ${answer.what} entr${answer.entries.length === 1 ? "y" : "ies"}`,
         ];
-  if (answer.outOfShape.length > 0) {
-    lines.push(
-      "",
-      `out of shape (${answer.outOfShape.length}):`,
-      ...answer.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
-    );
-  }
+  lines.push(...outOfShapeLines(answer.outOfShape));
   if (answer.next !== undefined) lines.push("", `more remain: --cursor ${answer.next}`);
   if (answer.confirmedAt !== undefined) lines.push("", `from memory: last confirmed current ${answer.confirmedAt ?? "never"}`);
   return lines.join("\n");

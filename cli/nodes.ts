@@ -1,6 +1,6 @@
 import type { NatsConnection } from "nats";
 import type { NodeEntry } from "../functions/_lib/state.ts";
-import { askAll, failingFor, table, type AnswerOf } from "./ask.ts";
+import { askAll, failingFor, outOfShapeLines, table, type AnswerOf } from "./ask.ts";
 
 /** Every node a narrowing reaches (docs/presence.md §16.3), through every page. */
 export function askNodes(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<AnswerOf<"nodes">> {
@@ -14,9 +14,12 @@ function presenceWords(n: NodeEntry, now: Date): string {
   return "reachable";
 }
 
-/** Nodes as a table: node, presence in words, last seen and how long ago, its period, its modules. */
-export function formatNodes(answer: { entries: readonly NodeEntry[] }, now: Date): string {
-  if (answer.entries.length === 0) return "no nodes";
+/** Nodes as a table: node, presence in words, last seen and how long ago, its period, its modules; then the presence keys out of shape. */
+export function formatNodes(
+  answer: { entries: readonly NodeEntry[]; outOfShape: readonly { key: string; reason: string }[] },
+  now: Date,
+): string {
+  if (answer.entries.length === 0) return ["no nodes", ...outOfShapeLines(answer.outOfShape)].join("\n");
   return [
     ...table([
       ["NODE", "PRESENCE", "LAST SEEN", "EVERY", "MODULES"],
@@ -29,5 +32,6 @@ export function formatNodes(answer: { entries: readonly NodeEntry[] }, now: Date
       ]),
     ]),
     `${answer.entries.length} node${answer.entries.length === 1 ? "" : "s"}`,
+    ...outOfShapeLines(answer.outOfShape),
   ].join("\n");
 }

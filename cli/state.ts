@@ -1,7 +1,7 @@
 import type { NatsConnection } from "nats";
 import { STATE } from "../functions/_lib/provisioning.ts";
 import type { Condition, ModuleState } from "../functions/_lib/state.ts";
-import { askAll, failingFor, shown, table, type AnswerOf } from "./ask.ts";
+import { askAll, failingFor, outOfShapeLines, shown, table, type AnswerOf } from "./ask.ts";
 
 /** Every module state a narrowing reaches (docs/state.md §7.5), through every page. */
 export function askStates(nc: NatsConnection, narrowing: Record<string, unknown>): Promise<AnswerOf<typeof STATE>> {
@@ -46,12 +46,5 @@ export function formatStates(
           ]),
           `${answer.entries.length} module${answer.entries.length === 1 ? "" : "s"}`,
         ];
-  if (answer.outOfShape.length > 0) {
-    lines.push(
-      "",
-      `out of shape (${answer.outOfShape.length}):`,
-      ...answer.outOfShape.map((o) => `  ${shown(o.key, 200)}: ${shown(o.reason, 200)}`),
-    );
-  }
-  return lines.join("\n");
+  return [...lines, ...outOfShapeLines(answer.outOfShape)].join("\n");
 }

@@ -137,6 +137,17 @@ describe("presence from the server's times (docs/presence.md §16.1)", () => {
     const said = { key: "presence:dogwood", reason: expect.stringMatching(/^value is not JSON: /) };
     expect(((await verb({ what: "state" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual(said);
     expect(((await verb({ what: "nodes" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual(said);
+    // Narrowed to the node: its own key, and no other's.
+    expect(((await verb({ what: "nodes", node: "dogwood" })) as { outOfShape: unknown[] }).outOfShape).toEqual([said]);
+    expect(((await verb({ what: "nodes", node: "cedar" })) as { outOfShape: unknown[] }).outOfShape).toEqual([]);
+    // The key out of shape is an item of the page: `limit` 1 holds it and no entry, and the next page the entries.
+    const first = (await verb({ what: "nodes", limit: 1 })) as { entries: unknown[]; outOfShape: unknown[]; next?: string };
+    expect(first.entries.length + first.outOfShape.length).toBe(1);
+    expect(first.outOfShape).toEqual([said]);
+    expect(first.next).toBeDefined();
+    const second = (await verb({ what: "nodes", limit: 1, cursor: first.next })) as { entries: { node: string }[]; outOfShape: unknown[] };
+    expect(second.outOfShape).toEqual([]);
+    expect(second.entries).toHaveLength(1);
     await presence.dogwood!.put("dogwood", JSON.stringify({ everySeconds: 0.001 }));
     expect(((await verb({ what: "nodes" })) as { outOfShape: unknown[] }).outOfShape).toContainEqual({
       key: "presence:dogwood",

@@ -58,3 +58,49 @@ describe("ask history's table", () => {
     ]);
   });
 });
+
+describe("nodes' and checks' tables", () => {
+  const now = new Date("2026-12-03T12:00:00Z");
+
+  it("name the keys out of shape after the table, and with no entry too", async () => {
+    const { formatNodes } = await import("../cli/nodes.ts");
+    const bad = [{ key: "presence:alder", reason: "value is not JSON: Unexpected token" }];
+    const node = {
+      key: "birch",
+      node: "birch",
+      presence: "reachable" as const,
+      since: null,
+      lastSeen: "2026-12-03T11:59:50Z",
+      everySeconds: 15,
+      client: null,
+      modules: 2,
+    };
+    expect(
+      formatNodes({ entries: [node], outOfShape: bad }, now)
+        .split("\n")
+        .slice(-3),
+    ).toEqual(["", "out of shape (1):", "  presence:alder: value is not JSON: Unexpected token"]);
+    expect(formatNodes({ entries: [], outOfShape: bad }, now)).toBe(
+      "no nodes\n\nout of shape (1):\n  presence:alder: value is not JSON: Unexpected token",
+    );
+  });
+
+  it("show a check with an empty message as -", async () => {
+    const { formatChecks } = await import("../cli/checks.ts");
+    const check = {
+      key: "alder.gitea.postgres",
+      node: "alder",
+      module: "gitea",
+      provision: "postgres",
+      ok: false,
+      reason: "AuthFailed",
+      message: "",
+      revision: null,
+      since: "2026-12-03T11:00:00Z",
+      at: "2026-12-03T11:00:00Z",
+      confirmed: true,
+    };
+    const [, row] = formatChecks({ entries: [check], outOfShape: [] }, now).split("\n");
+    expect(row).toMatch(/^alder +gitea +postgres +AuthFailed \S+ +yes +- +-$/);
+  });
+});

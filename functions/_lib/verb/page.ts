@@ -76,8 +76,8 @@ export interface PageBounds {
 /**
  * One page of `what` (docs/verb.md §4.4): at most `limit` items and `maxPayload` bytes less
  * {@link HEADROOM}, `next` when some remain. On a request's first page `outOfShape` goes first, in
- * at most half the page (the rest counted in a last item); an item larger than any reply is said
- * in `outOfShape` when it is the first of its page, never a failed page.
+ * at most half the page and `limit` items (the rest counted in a last item); an item larger than
+ * any reply is said in `outOfShape` when it is the first of its page, never a failed page.
  */
 export function fillPage(what: string, { limit, maxPayload, cursors }: PageBounds, source: PageSource): JsonText {
   const { confirmedAt, outOfShape = [] } = source;
@@ -85,23 +85,27 @@ export function fillPage(what: string, { limit, maxPayload, cursors }: PageBound
   const budget = maxPayload - HEADROOM;
   const misshapen: string[] = [];
   let size = Buffer.byteLength(answerText({ ...emptyPage(what), ...confirmed }));
+  // Items of the page so far: the keys out of shape said first count against `limit` too.
+  let taken = 0;
   if (cursors.after === undefined) {
     for (const [i, o] of outOfShape.entries()) {
       const text = JSON.stringify(o);
-      if (size + Buffer.byteLength(text) + 1 > budget / 2) {
+      const lastRoom = taken === limit - 1 && i < outOfShape.length - 1;
+      if (lastRoom || size + Buffer.byteLength(text) + 1 > budget / 2) {
         misshapen.push(JSON.stringify({ key: "…", reason: `${outOfShape.length - i} more keys out of shape, not named here` }));
         size += 200;
+        taken++;
         break;
       }
       misshapen.push(text);
       size += Buffer.byteLength(text) + 1;
+      taken++;
     }
   }
   const entries: string[] = [];
   // The key the next page continues after: the last one on this page, else what came before it.
   let lastKey = cursors.after ?? "";
   let more = false;
-  let taken = 0;
   for (const item of source.items) {
     if (taken === limit) {
       more = true;

@@ -123,8 +123,10 @@ export const WHAT_TABLE = {
           if (presence === undefined || entry.presence === presence) yield { key: entry.node, text: JSON.stringify(entry) };
         }
       }
-      // The presence keys out of shape (docs/presence.md §16.1), on an answer narrowed by no node.
-      const outOfShape = node === undefined ? model.outOfShape.filter((o) => o.key.startsWith("presence:")) : [];
+      // The presence keys out of shape (docs/presence.md §16.1): every one, or the node's own when narrowed to one.
+      const outOfShape = model.outOfShape.filter((o) =>
+        node === undefined ? o.key.startsWith("presence:") : o.key === `presence:${node}`,
+      );
       return { items: items(), outOfShape, confirmedAt };
     },
   }),
