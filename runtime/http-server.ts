@@ -89,7 +89,7 @@ export function httpApp<F>(targets: readonly { readonly fn: F; readonly trigger:
     app.on(method, path, async (c) => {
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
       if (outcome.ok && outcome.value instanceof HtmlText) return c.body(outcome.value.text, (outcome.status ?? 200) as 200, htmlType());
-      if (outcome.ok) return c.body(jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());
+      if (outcome.ok) return c.body(outcome.text ?? jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());
       return c.body(errorBody(outcome.error.code, outcome.error.message), outcome.error.code as 400, jsonType());
     });
   }

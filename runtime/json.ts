@@ -18,10 +18,15 @@ export class HtmlText {
 
 /**
  * The JSON text of a handler's answer: a {@link JsonText} as it is, an {@link HtmlText} as a JSON
- * string, anything else serialised (`undefined` as `null`).
+ * string, anything else serialised (`undefined` as `null`). Throws a `TypeError` for a value
+ * JSON cannot write (a BigInt, a cycle, a function, a symbol) and what a `toJSON` throws.
  */
-export const jsonOf = (value: unknown): string =>
-  value instanceof JsonText ? value.text : JSON.stringify(value instanceof HtmlText ? value.text : (value ?? null));
+export function jsonOf(value: unknown): string {
+  if (value instanceof JsonText) return value.text;
+  const text = JSON.stringify(value instanceof HtmlText ? value.text : (value ?? null)) as string | undefined;
+  if (text === undefined) throw new TypeError(`a ${typeof value} is no JSON value`);
+  return text;
+}
 
 /**
  * A handler's answer with the HTTP status its HTTP triggers answer it with

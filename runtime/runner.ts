@@ -12,7 +12,7 @@ import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
 import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
-import { HtmlText, JsonText, WithStatus } from "./json.ts";
+import { HtmlText, JsonText, jsonOf, WithStatus } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Delivered, Recorder } from "./records.ts";
 import { openStorage } from "./storage.ts";
@@ -85,6 +85,18 @@ const deliveredOf = (trigger: Extract<TriggerInfo, { kind: "event" }>): Delivere
 /** A refused request was answered; a refused event is kept nowhere but in the records. */
 const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn" : "info");
 
+/** The kinds of run whose answer someone receives: a reply, an HTTP body, `invoke`'s value. */
+const ANSWERED: ReadonlySet<TriggerInfo["kind"]> = new Set(["subject", "http", "invoke"]);
+
+/** What was thrown, as text: an error's message, else the value as a string, else that it has none. */
+function thrownText(err: unknown): string {
+  try {
+    return err instanceof Error ? String(err.message) : String(err);
+  } catch {
+    return "a value that cannot be said as text";
+  }
+}
+
 /**
  * Opens the runner: asserts the buckets and loads the live views the functions declare
  * (docs/buckets.md §2.4), declares every function's metrics (so they are on `GET /metrics`
@@ -141,22 +153,38 @@ export async function openRunner({
     if (!payload.ok) return refused(payload.error);
     const parsed = z.safeParse(fn.input, payload.value);
     if (!parsed.success) return refused({ code: 400, message: formatIssues(parsed.error.issues) });
+    let value: unknown;
     try {
       const handler = fn.definition.handler as (input: unknown, ctx: AnyContext) => unknown;
-      const value = await handler(parsed.data, ctx);
-      return value instanceof WithStatus ? { ok: true, value: value.value, status: value.status } : { ok: true, value };
+      value = await handler(parsed.data, ctx);
     } catch (err) {
       if (err instanceof ServiceError) return refused(err, "refused");
       // No responders (503) or no answer: the bus is electing a leader or away; no stack to read.
-      const code = (err as { code?: unknown }).code;
+      const code = err !== null && typeof err === "object" ? (err as { code?: unknown }).code : undefined;
       if (code === "503" || code === "TIMEOUT") {
         ctx.log.warn({ err: (err as Error).message }, "handler failed: NATS did not answer");
         const why = code === "TIMEOUT" ? "no answer in time" : "no responders: JetStream off, or a leader being elected";
         return { ok: false, error: { code: 503, message: refusalMessage(`${fn.name}: NATS did not answer (${why}); ask again`) } };
       }
       ctx.log.error({ err }, "handler failed");
-      return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${(err as Error).message}`) } };
+      return { ok: false, error: { code: 500, message: refusalMessage(`${fn.name} failed: ${thrownText(err)}`) } };
     }
+    const { answer, status } = value instanceof WithStatus ? { answer: value.value, status: value.status } : { answer: value };
+    // What a requester receives is written as JSON here, once: an answer that is no JSON value is
+    // the run's fault, said to it. A text the handler wrote is sent as it is.
+    if (!ANSWERED.has(ctx.trigger.kind) || answer instanceof JsonText || answer instanceof HtmlText)
+      return { ok: true, value: answer, status };
+    let text: string;
+    try {
+      text = jsonOf(answer);
+    } catch (err) {
+      ctx.log.error({ err }, "answer is no JSON value");
+      return {
+        ok: false,
+        error: { code: 500, message: refusalMessage(`${fn.name} failed: its answer is no JSON value: ${thrownText(err)}`) },
+      };
+    }
+    return { ok: true, value: answer, status, text };
   };
 
   /** What the records keep of a run: a scheduled run that succeeded, an event refused. */

@@ -215,10 +215,12 @@ export interface Refusal {
 
 /**
  * How one run ended: the handler's answer, with the HTTP status it asked for (`WithStatus`;
- * absent: 200), or a refusal with its code.
+ * absent: 200) and, when someone receives it (a reply, an HTTP body, `invoke`), its JSON text; or
+ * a refusal with its code.
  */
 export type Outcome =
-  { readonly ok: true; readonly value: unknown; readonly status?: number } | { readonly ok: false; readonly error: Refusal };
+  | { readonly ok: true; readonly value: unknown; readonly status?: number; readonly text?: string }
+  | { readonly ok: false; readonly error: Refusal };
 
 /**
  * A run's input as its trigger received it: a payload's bytes (JSON; empty means `{}`), or a

@@ -222,12 +222,21 @@ export default defineFunction({
       "moody.ts": `${header}
 export default defineFunction({
   description: "Fails on demand.",
-  triggers: [{ subject: "probe.moody" }],
-  input: z.object({ mood: z.enum(["fine", "refuse", "throw", "reject"]) }),
+  triggers: [{ subject: "probe.moody" }, { http: "GET /probe/moody" }],
+  input: z.object({ mood: z.enum(["fine", "refuse", "throw", "reject", "string", "nothing", "bigint", "cycle", "function"]) }),
   handler: async ({ mood }) => {
     if (mood === "refuse") throw badInput("not in that mood");
     if (mood === "throw") throw new Error("boom");
     if (mood === "reject") return Promise.reject(new Error("async boom"));
+    if (mood === "string") throw "grumpy";
+    if (mood === "nothing") throw undefined;
+    if (mood === "bigint") return { n: 10n };
+    if (mood === "cycle") {
+      const cycle: Record<string, unknown> = {};
+      cycle.self = cycle;
+      return cycle;
+    }
+    if (mood === "function") return () => "hi";
     return { mood };
   },
 });
@@ -241,6 +250,28 @@ export default defineFunction({
       expect([thrown.errorCode, thrown.body]).toEqual([500, { error: { code: 500, message: "moody failed: boom" } }]);
       const rejected = await request(seat, "probe.moody", { mood: "reject" });
       expect(rejected.errorCode).toBe(500);
+      // A value thrown that is no Error, and an answer JSON cannot write: a 500 saying so, over NATS and HTTP.
+      const said = {
+        string: "moody failed: grumpy",
+        nothing: "moody failed: undefined",
+        bigint: "moody failed: its answer is no JSON value: Do not know how to serialize a BigInt",
+        cycle: expect.stringMatching(/^moody failed: its answer is no JSON value: Converting circular structure to JSON/),
+        function: "moody failed: its answer is no JSON value: a function is no JSON value",
+      };
+      const errors = async () =>
+        Number(
+          /\nfunction_run_errors_total\{function="moody",trigger="http",code="500"\} (\d+)\n/.exec(
+            await (await fetch(`${set.httpUrl}/metrics`)).text(),
+          )?.[1] ?? 0,
+        );
+      const before = await errors();
+      for (const [mood, message] of Object.entries(said)) {
+        const nats = await request(seat, "probe.moody", { mood });
+        expect([nats.errorCode, nats.body]).toEqual([500, { error: { code: 500, message } }]);
+        const http = await fetch(`${set.httpUrl}/probe/moody?mood=${mood}`);
+        expect([http.status, await http.json()]).toEqual([500, { error: { code: 500, message } }]);
+      }
+      expect(await errors()).toBe(before + 5);
       expect((await request(seat, "probe.moody", { mood: "fine" })).body).toEqual({ mood: "fine" });
     } finally {
       await set.stop();

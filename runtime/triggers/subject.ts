@@ -117,7 +117,7 @@ export const subject: TriggerKind<"subject", SubjectTrigger, SubjectInfo> = {
         const outcome = await env.run(fn, { data: msg.data }, { kind: "subject", subject: msg.subject });
         stats?.ran(performance.now() - began, outcome.ok ? undefined : outcome.error.message);
         if (!outcome.ok) return refuse(msg, outcome.error.code, outcome.error.message);
-        const body = encoder.encode(jsonOf(outcome.value));
+        const body = encoder.encode(outcome.text ?? jsonOf(outcome.value));
         try {
           msg.respond(body);
         } catch (err) {
