@@ -92,30 +92,58 @@ export default defineFunction({
       }
     }
 
-    /** The texts of `items` cut into parts each within the connection's max_payload (less a headroom). */
+    /**
+     * The texts of `items` cut into parts each within the connection's max_payload (less a
+     * headroom); `text` writes a part's items as a JSON array of strings, so a part's size is its
+     * empty text's and each item's JSON with a comma.
+     */
     function chunks(items: string[], text: (part: string[]) => string): string[] {
       const budget = ctx.limits.maxPayload - HEADROOM;
+      const empty = Buffer.byteLength(text([]));
       const parts: string[] = [];
       let part: string[] = [];
+      let size = empty;
       for (const item of items) {
-        if (part.length > 0 && Buffer.byteLength(text([...part, item])) > budget) {
+        const itemSize = Buffer.byteLength(JSON.stringify(item));
+        // A comma before each item but a part's first.
+        if (part.length > 0 && size + 1 + itemSize > budget) {
           parts.push(text(part));
           part = [];
+          size = empty;
         }
+        size += (part.length > 0 ? 1 : 0) + itemSize;
         part.push(item);
       }
       if (part.length > 0) parts.push(text(part));
       return parts;
     }
 
-    /** Writes what was done in the rotation's record, unless it changed since it was read (then it is decided again next time). */
+    /**
+     * Writes what was done in the rotation's record, unless it changed since it was read (then it
+     * is decided again next time). A record too large for one message keeps no `noticedModules`
+     * (docs/rotation.md §8.5); a write that fails otherwise is logged, and the other rotations go on.
+     */
     async function record(r: Rotation, change: Partial<RotationValue>): Promise<boolean> {
+      let value = { ...valueOf(r), ...change };
+      let text = JSON.stringify(value);
+      if (Buffer.byteLength(text) > ctx.limits.maxPayload - HEADROOM && value.noticedModules !== undefined) {
+        const { noticedModules: _dropped, ...kept } = change;
+        ctx.log.warn(
+          { provider: r.provider, provision: r.provision, noticedModules: value.noticedModules.length },
+          "rotation record too large for one message: the modules noticed are not kept, only their nodes",
+        );
+        // Nothing else to write: the record stays as it is.
+        if (Object.keys(kept).length === 0 && r.noticedModules === undefined) return false;
+        value = { ...valueOf(r), ...kept, noticedModules: undefined };
+        text = JSON.stringify(value);
+      }
       try {
-        await ctx.buckets.rotations.update(r.key, JSON.stringify({ ...valueOf(r), ...change }), r.record);
+        await ctx.buckets.rotations.update(r.key, text, r.record);
         return true;
       } catch (err) {
         if (err instanceof RevisionConflict) return false;
-        throw err;
+        ctx.log.error({ provider: r.provider, provision: r.provision, err }, "rotation record not written; tried again at the next run");
+        return false;
       }
     }
   },

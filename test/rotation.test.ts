@@ -233,3 +233,39 @@ describe("two replicas of the set", () => {
     }
   }, 30_000);
 });
+
+describe("a rotation whose record outgrows one message", () => {
+  it("keeps its nodes noticed, notices them once, and leaves the other rotations going", { timeout: 60_000 }, async () => {
+    const small = await testBus({ maxPayload: 65536, nodes: ["alder"] });
+    const running = await startSet(small, {
+      rotation: { graceSeconds: 2, renoticeMinutes: 60, renoticeEverySeconds: 60 },
+    } as Partial<Config>);
+    try {
+      const got: { provision: string; modules: string[] }[] = [];
+      const released: { provision: string }[] = [];
+      const alder = await small.connect("alder");
+      alder.subscribe("mesh-provisioner.refresh.alder", { callback: (_err, msg) => got.push(msg.json()) });
+      await alder.flush();
+      const provider = await small.connect("keycloak");
+      provider.subscribe("mesh-provisioner.released.keycloak", { callback: (_err, msg) => released.push(msg.json()) });
+      await provider.flush();
+      // 400 holders of 200-character module names: about 82 KB of modules noticed, more than a message holds.
+      const modules = Array.from({ length: 400 }, (_, i) => `m${String(i).padStart(3, "0")}${"x".repeat(196)}`);
+      const alderNeeds = await small.kv("needs", "alder");
+      for (const m of modules) await alderNeeds.put(`alder.${m}.bound.big/x`, "{}");
+      const rotated = (provision: string, revision: string) =>
+        provider.jetstream().publish("keycloak.provisioner.rotated", JSON.stringify({ provision, revision, at: new Date().toISOString() }));
+      await rotated("big", "b1");
+      await until(() => new Set(got.flatMap((n) => n.modules)).size === 400, 20_000, "every holder noticed");
+      // Noticed in two messages (each within max_payload), and not again: the record kept that alder was noticed.
+      expect(got.length).toBe(2);
+      await rotated("nobody", "n1");
+      await until(() => released.some((r) => r.provision === "nobody"), 10_000, "the other rotation released");
+      await new Promise((r) => setTimeout(r, 3000));
+      expect(got.length).toBe(2);
+    } finally {
+      await running.stop();
+      await small.stop();
+    }
+  });
+});
