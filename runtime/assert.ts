@@ -28,6 +28,7 @@ import {
   STREAM_NOT_FOUND,
 } from "./jetstream.ts";
 import { CLAIM_DAYS, claimsBucket, recordsBucket, type BucketConfig, type Config } from "./config.ts";
+import { subjectCovers, uncovered } from "./subjects.ts";
 
 /** The runtime's own buckets among the opened ones; no config name can be these. */
 export const RECORDS = "<runtime>";
@@ -291,10 +292,11 @@ export async function assertStreams(
       // Other limits could drop events not handled yet: said, never applied.
       const differs = settingsDiffer(stream, info.config, { ...wanted, max_msgs_per_subject: info.config.max_msgs_per_subject });
       if (differs !== undefined) throw new Error(`it exists with other settings than the config: ${differs}`);
-      const missing = subjects.filter((s) => !info!.config.subjects.includes(s));
+      const missing = subjects.filter((s) => !info!.config.subjects.some((kept) => subjectCovers(kept, s)));
       if (missing.length > 0) {
         log.info({ stream, missing }, "adding subjects to the stream");
-        const update = { ...info.config, subjects: [...info.config.subjects, ...missing] };
+        // A subject added that covers some the stream has takes their place: it captures all they did.
+        const update = { ...info.config, subjects: uncovered([...info.config.subjects, ...missing]) };
         info = await retryElecting(() => jsm.streams.update(stream, update), { log, about: { stream }, deadline });
       }
       asserted.set(name, info);

@@ -92,6 +92,14 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
   for (const [key, files] of bound) {
     if (files.length > 1) problems.push(`${key} is bound more than once: by ${files.join(" and ")}`);
   }
+  const all = functions.flatMap((fn) => fn.definition.triggers.map((trigger) => ({ trigger, file: shown(fn.file) })));
+  all.forEach((a, i) => {
+    for (const b of all.slice(i + 1)) {
+      const kind = kindOf(a.trigger)!;
+      const why = kind === kindOf(b.trigger) ? kind.conflict?.(a.trigger as never, b.trigger as never) : undefined;
+      if (why !== undefined) problems.push(`${why}: by ${a.file === b.file ? a.file : `${a.file} and ${b.file}`}`);
+    }
+  });
   const declared = new Map<string, string[]>();
   for (const fn of functions) {
     for (const name of Object.keys(fn.definition.metrics ?? {})) {

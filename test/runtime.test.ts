@@ -130,6 +130,32 @@ export default defineFunction({
     ]);
   });
 
+  it("refuses event triggers whose subjects cross on one stream, and binds one that covers another", async () => {
+    const eventFn = (event: string) => `${header}
+export default defineFunction({
+  description: "Hears ${event}.",
+  triggers: [{ event: ${JSON.stringify(event)}, stream: "events" }],
+  handler: () => {},
+});
+`;
+    const crossing = functionsFolder({ "a.ts": eventFn("probe.said.*.x"), "b.ts": eventFn("probe.said.alder.*") });
+    const failure = await start({ config: configFor(crossing) }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(LoadError);
+    expect((failure as LoadError).problems).toEqual([
+      `events probe.said.*.x and probe.said.alder.* overlap on stream events, and neither covers the other: one stream cannot capture both: by ${shown(join(crossing, "a.ts"))} and ${shown(join(crossing, "b.ts"))}`,
+    ]);
+    // One covering the other: the stream captures the wider alone, and both are bound.
+    const covering = functionsFolder({ "wide.ts": eventFn("probe.heard.*"), "narrow.ts": eventFn("probe.heard.alder") });
+    const set = await start({ config: configFor(covering) });
+    try {
+      const { config } = await (await seat.jetstreamManager()).streams.info(bus.config.streams.events!.stream);
+      expect(config.subjects).toContain("probe.heard.*");
+      expect(config.subjects).not.toContain("probe.heard.alder");
+    } finally {
+      await set.stop();
+    }
+  });
+
   it("refuses a file that is not a valid function, naming the file and the problem", async () => {
     const dir = functionsFolder({
       "good.ts": ECHO,

@@ -10,7 +10,7 @@ import { assertStreams } from "../assert.ts";
 import { reasonOf } from "../jetstream.ts";
 import { bindDurable, durableName, watchStreams, type Durable } from "../durables.ts";
 import { followDurable, type EventInfo, type EventTrigger, type Shared } from "../consume.ts";
-import { RESERVED, reserved, SUBJECT_PATTERN } from "../subjects.ts";
+import { RESERVED, reserved, SUBJECT_PATTERN, subjectCovers, subjectsOverlap, uncovered } from "../subjects.ts";
 import { bindingName, type Target, type TriggerKind } from "./kind.ts";
 
 export type { EventInfo, EventTrigger };
@@ -28,16 +28,17 @@ const schema = z.strictObject({
   stream: z.string().min(1).optional(),
 });
 
-/** The subjects each configured stream must capture: the `event` of every trigger naming it. */
+/**
+ * The subjects each configured stream must capture: the `event` of every trigger naming it, but
+ * those another of them covers (a stream's subjects may not overlap; the durable still hands each
+ * message to every trigger it matches).
+ */
 function streamSubjects(targets: readonly Target<EventTrigger>[]): Map<string, string[]> {
   const subjects = new Map<string, string[]>();
   for (const { trigger } of targets) {
-    if (trigger.stream === undefined) continue;
-    const list = subjects.get(trigger.stream) ?? [];
-    if (!list.includes(trigger.event)) list.push(trigger.event);
-    subjects.set(trigger.stream, list);
+    if (trigger.stream !== undefined) subjects.set(trigger.stream, [...(subjects.get(trigger.stream) ?? []), trigger.event]);
   }
-  return subjects;
+  return new Map([...subjects].map(([stream, list]) => [stream, uncovered(list)]));
 }
 
 /**
@@ -73,6 +74,15 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       },
     ];
   },
+  // One stream cannot capture two subjects that overlap unless one covers the other.
+  conflict: (a, b) =>
+    a.stream !== undefined &&
+    a.stream === b.stream &&
+    subjectsOverlap(a.event, b.event) &&
+    !subjectCovers(a.event, b.event) &&
+    !subjectCovers(b.event, a.event)
+      ? `events ${a.event} and ${b.event} overlap on stream ${a.stream}, and neither covers the other: one stream cannot capture both`
+      : undefined,
   describe: (trigger) => `event ${trigger.event}${trigger.stream ? ` (stream ${trigger.stream})` : ""}`,
   /** Assert the streams and run the durable consumers (create, info, pull, acknowledge); subscribe to plain events. */
   seatGrants(targets, config) {

@@ -131,6 +131,8 @@ export interface TriggerKind<
   checkStart?(config: Config): string[];
   /** What two functions may not share ("subject a.b", "route GET /x"); none when any may. */
   exclusive?(trigger: T): string | undefined;
+  /** Why two triggers of this kind (of one function or two) cannot both be bound, a sentence; none when they can. */
+  conflict?(a: T, b: T): string | undefined;
   /** The start banner's words for one trigger. */
   describe(trigger: T): string;
   /** What the seat's user needs on the bus for these triggers (docs/runtime.md §6.7). */
