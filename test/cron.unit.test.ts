@@ -1,6 +1,7 @@
 import { Cron } from "croner";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { cron, dueAt, scheduleOf } from "../runtime/triggers/cron.ts";
+import { z } from "zod";
 
 const utc = (text: string) => new Date(text).toISOString();
 const runs = (job: Cron, n: number, from: string) => job.nextRuns(n, new Date(from)).map((d) => d.toISOString());
@@ -59,5 +60,21 @@ describe("cron schedules (docs/runtime.md §6.3.3)", () => {
     expect(dueAt(hourly, new Date("2026-12-01T10:00:00Z"), new Date("2026-12-01T10:59:59.9Z")).toISOString()).toBe(
       utc("2026-12-01T10:00:00Z"),
     );
+  });
+});
+
+describe("a cron trigger as a file loads", () => {
+  const problems = (expression: string) => cron.checkFile!({ cron: expression }, { input: z.object({}) }).map((p) => p.message);
+
+  it("takes 5 fields, or 6 with seconds, and croner's nicknames", () => {
+    expect(problems("0 * * * *")).toEqual([]);
+    expect(problems("*/5 * * * * *")).toEqual([]);
+    expect(problems("@hourly")).toEqual([]);
+  });
+
+  it("refuses another count of fields, and a schedule that never comes", () => {
+    expect(problems("0 0 0 1 1 * 2030")).toEqual(["has 7 fields: a cron expression has 5, or 6 with seconds first"]);
+    expect(problems("0 0 *")).toEqual(["has 3 fields: a cron expression has 5, or 6 with seconds first"]);
+    expect(problems("0 0 30 2 *")).toEqual(["never comes (no such day, e.g. 30 February)"]);
   });
 });

@@ -74,10 +74,18 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
   schema: z.strictObject({ cron: z.string().min(1), onStart: z.boolean().optional(), timezone: timezone.optional() }),
   checkFile(trigger, fn) {
     const problems = [];
-    try {
-      scheduleOf(trigger).stop();
-    } catch (err) {
-      problems.push({ at: "cron", message: (err as Error).message });
+    const fields = trigger.cron.trim().split(/\s+/).length;
+    if (!trigger.cron.trim().startsWith("@") && fields !== 5 && fields !== 6) {
+      problems.push({ at: "cron", message: `has ${fields} fields: a cron expression has 5, or 6 with seconds first` });
+    } else {
+      try {
+        const job = scheduleOf(trigger);
+        const next = job.nextRun();
+        job.stop();
+        if (next === null) problems.push({ at: "cron", message: "never comes (no such day, e.g. 30 February)" });
+      } catch (err) {
+        problems.push({ at: "cron", message: (err as Error).message });
+      }
     }
     if (!z.safeParse(fn.input, {}).success) problems.push({ message: "a cron run's input is {}, which the input schema refuses" });
     return problems;
