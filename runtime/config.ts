@@ -314,6 +314,7 @@ export async function loadConfig(file: string = resolve(CONFIG_FILE), env: NodeJ
   } catch (err) {
     throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`, { cause: err });
   }
+  if (module.default === undefined) throw new ConfigError(`${file}: has no default export; export default defineConfig({...})`);
   return resolveConfig(module.default, path, env);
 }
 

@@ -119,6 +119,8 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
 
   const buckets = Object.keys(config.buckets);
   const claimed = new Set(Object.keys(configSchema.shape));
+  // A config field several functions read and refuse is said once, naming them all.
+  const refusedBy = new Map<string, string[]>();
   for (const fn of functions) {
     const { access, config: schema } = fn.definition;
     for (const side of ["reads", "writes", "views"] as const) {
@@ -142,9 +144,11 @@ export function checkFunctions(functions: readonly LoadedFunction[], config: Con
     for (const field of Object.keys(schema.shape)) claimed.add(field);
     const parsed = schema.safeParse(config);
     if (!parsed.success) {
-      problems.push(`${shown(config.file)}: ${formatIssues(parsed.error.issues)} (read by ${shown(fn.file)})`);
+      const said = `${shown(config.file)}: ${formatIssues(parsed.error.issues)}`;
+      refusedBy.set(said, [...(refusedBy.get(said) ?? []), shown(fn.file)]);
     }
   }
+  for (const [said, files] of refusedBy) problems.push(`${said} (read by ${files.join(", ")})`);
   for (const field of Object.keys(config)) {
     if (!claimed.has(field) && !RESOLVED_FIELDS.includes(field)) {
       problems.push(`${shown(config.file)}: ${field}: unknown field (neither the runtime nor any function reads it)`);

@@ -40,6 +40,8 @@ describe("the request (docs/verb.md §4)", () => {
     expect(parse({ what: "needs", limit: "5" }).limit).toBe(5);
     expect(refusal({ what: "needs", limit: "5x" })).toBe("limit: must be a whole number");
     expect(refusal({ what: "needs", limit: 10_001 })).toBe("limit: Too big: expected number to be <=10000");
+    // Past the safe integers, said once: too big.
+    expect(refusal({ what: "needs", limit: "99999999999999999999" })).toBe("limit: Too big: expected number to be <=10000");
   });
 
   it("names every field that does not apply, and what it narrows", () => {

@@ -234,6 +234,15 @@ describe("two replicas of the set", () => {
   }, 30_000);
 });
 
+describe("the rotation's config", () => {
+  it("is refused once, naming every function that reads it", async () => {
+    const failure = await startSet(bus, { rotation: { graceSeconds: -1 } } as Partial<Config>).catch((e: unknown) => e);
+    const problems = (failure as { problems: string[] }).problems;
+    expect(problems).toHaveLength(1);
+    expect(problems[0]).toMatch(/^wrangler-free\.config\.ts: rotation\.graceSeconds: .* \(read by .*rotation-fanout\.ts/);
+  });
+});
+
 describe("a rotation whose record outgrows one message", () => {
   it("keeps its nodes noticed, notices them once, and leaves the other rotations going", { timeout: 60_000 }, async () => {
     const small = await testBus({ maxPayload: 65536, nodes: ["alder"] });

@@ -1,13 +1,14 @@
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createConnection } from "node:net";
-import { join, relative } from "node:path";
+import { dirname, join, relative } from "node:path";
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   ConfigError,
   invoke,
   loadFunction,
+  loadConfig,
   LoadError,
   openRunner,
   resolveConfig,
@@ -595,6 +596,13 @@ describe("the config", () => {
     );
     expect(refusal({ buckets: {} })).toBe("wrangler-free.config.ts: seat: Invalid input: expected string, received undefined");
     expect(refusal(base, { HTTP_PORT: "eighty" })).toContain("environment: HTTP_PORT: ");
+  });
+
+  it("refuses a config file with no default export, saying so", async () => {
+    const file = join(mkdtempSync(join(TMP, "config-")), "wrangler-free.config.ts");
+    folders.push(dirname(file));
+    writeFileSync(file, "export const seat = 'mesh-provisioner';\n");
+    await expect(loadConfig(file)).rejects.toThrow(`${file}: has no default export; export default defineConfig({...})`);
   });
 
   it("refuses two names of one bucket, the runtime's own buckets included", () => {

@@ -29,7 +29,8 @@ export const MAX_LIMIT = 10_000;
 /** A whole number given as a JSON number or, from an HTTP query, as digits. */
 const count = z
   .union([z.number(), z.string().regex(/^\d+$/).transform(Number)], { error: "must be a whole number" })
-  .pipe(z.number().int().min(1).max(MAX_LIMIT));
+  // Too big said alone: a number past the safe integers is not also said to be too big for an int.
+  .pipe(z.number().min(1).max(MAX_LIMIT, { abort: true }).int());
 
 type NarrowingSchemas = { [F in Narrowing]: z.ZodOptional<(typeof NARROWING_FIELDS)[F]["schema"]> };
 /** The narrowing fields' schemas, each optional. */
