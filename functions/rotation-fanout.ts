@@ -126,15 +126,15 @@ export default defineFunction({
     async function record(r: Rotation, change: Partial<RotationValue>): Promise<boolean> {
       let value = { ...valueOf(r), ...change };
       let text = JSON.stringify(value);
-      if (Buffer.byteLength(text) > ctx.limits.maxPayload - HEADROOM && value.noticedModules !== undefined) {
+      if (Buffer.byteLength(text) > ctx.limits.maxPayload - HEADROOM && Array.isArray(value.noticedModules)) {
         const { noticedModules: _dropped, ...kept } = change;
+        // Nothing else to write: the record already keeps the nodes alone.
+        if (Object.keys(kept).length === 0 && r.noticedModules === null) return false;
         ctx.log.warn(
           { provider: r.provider, provision: r.provision, noticedModules: value.noticedModules.length },
-          "rotation record too large for one message: the modules noticed are not kept, only their nodes",
+          "rotation record too large for one message: the modules noticed are not kept, their nodes stand for them",
         );
-        // Nothing else to write: the record stays as it is.
-        if (Object.keys(kept).length === 0 && r.noticedModules === undefined) return false;
-        value = { ...valueOf(r), ...kept, noticedModules: undefined };
+        value = { ...valueOf(r), ...kept, noticedModules: null };
         text = JSON.stringify(value);
       }
       try {
@@ -194,12 +194,15 @@ function dueFor(r: Rotation, state: RotationState, held: readonly StaleHolder[],
   // A stale holder not noticed yet (a need written since, again, or after the release) is noticed
   // at once. A record of an earlier version kept the nodes noticed, and did not empty them at the release.
   const stale = held.map((h) => `${h.node}.${h.module}`);
+  // Kept by node alone (a record of an earlier version before its release, or one whose modules
+  // were too many for one message): a stale holder on a node noticed counts as noticed.
+  const onNoticedNodes = () => stale.filter((m) => r.noticedNodes.includes(m.slice(0, m.indexOf("."))));
   const noticed = new Set(
-    r.noticedModules ?? (r.releasedAt === null ? stale.filter((m) => r.noticedNodes.includes(m.slice(0, m.indexOf(".")))) : []),
+    r.noticedModules === null ? onNoticedNodes() : (r.noticedModules ?? (r.releasedAt === null ? onNoticedNodes() : [])),
   );
   const stillNoticed = [...new Set(stale.filter((m) => noticed.has(m)))].sort();
   const nodes = [...byNode.keys()].filter((node) => again || [...byNode.get(node)!].some((m) => !noticed.has(`${node}.${m}`)));
-  const forgotten = (r.noticedModules?.length ?? 0) !== stillNoticed.length;
+  const forgotten = r.noticedModules !== null && (r.noticedModules?.length ?? 0) !== stillNoticed.length;
   if (release === undefined && nodes.length === 0 && !forgotten) return undefined;
   return { rotation: r, state, ...(release === undefined ? {} : { release }), nodes, byNode, again, stillNoticed };
 }

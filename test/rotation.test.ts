@@ -268,6 +268,9 @@ describe("a rotation whose record outgrows one message", () => {
       await until(() => new Set(got.flatMap((n) => n.modules)).size === 400, 20_000, "every holder noticed");
       // Noticed in two messages (each within max_payload), and not again: the record kept that alder was noticed.
       expect(got.length).toBe(2);
+      const records = await small.kv("rotations");
+      await until(async () => (await records.get("keycloak.big"))?.json<{ noticedAt: string | null }>().noticedAt != null);
+      expect((await records.get("keycloak.big"))!.json()).toMatchObject({ noticedNodes: ["alder"], noticedModules: null, notices: 1 });
       await rotated("nobody", "n1");
       await until(() => released.some((r) => r.provision === "nobody"), 10_000, "the other rotation released");
       await new Promise((r) => setTimeout(r, 3000));

@@ -41,9 +41,11 @@ export const rotationValue = z.object({
   noticedNodes: z.array(z.string()).default([]),
   /**
    * The stale holders' modules noticed and still stale, `<node>.<module>`: one not among them is
-   * noticed at once. Absent in a record of an earlier version, which kept the nodes alone.
+   * noticed at once. Absent in a record of an earlier version, which kept the nodes alone; `null`
+   * when they were too many for the record to fit in one message, the nodes noticed standing for
+   * them (docs/rotation.md §8.5).
    */
-  noticedModules: z.array(z.string()).optional(),
+  noticedModules: z.array(z.string()).nullable().optional(),
   /** When the release was first published (docs/rotation.md §8.6). */
   releasedAt: z.iso.datetime().nullable().default(null),
   /** When the release was last published, and how often it was. */
