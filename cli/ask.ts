@@ -19,7 +19,10 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
     throw new Error(
       /503|no responders/i.test(message)
         ? `nothing answers ${subject}: is the function set running (npm start)?`
-        : `${subject}: ${message}`,
+        : /timeout/i.test(message)
+          ? // Asked across an account's import (a node's or a provider's user), no set running is a timeout too: the server says no "no responders" there.
+            `${subject}: no answer within 10 s: the set is busy or cannot answer (its /readyz says why), or, asked as a node's or provider's user, no set is running`
+          : `${subject}: ${message}`,
     );
   }
   const refused = ServiceError.toServiceError(reply);

@@ -14,10 +14,11 @@ const WIDEST_WORD = 80;
 /** Status as a person reads it: well or not, a table of what fails and for how long, the registry. */
 export function formatStatus(status: Status, now: Date): string {
   const lines: string[] = [];
-  const failing = status.failing.length + status.omitted + status.outOfShape.length;
+  const failing = status.failing.length + status.outOfShape.length;
   const modules = status.provisioning.notWell.length + status.provisioning.omitted;
   const notWell = [
     ...(failing > 0 ? [`${failing} failing`] : []),
+    ...(status.stale.length > 0 ? [`${status.stale.length} stale holder${status.stale.length === 1 ? "" : "s"}`] : []),
     ...(modules > 0 ? [`${modules} module${modules === 1 ? "" : "s"} not well`] : []),
     ...(status.checks.failing > 0 ? [`${status.checks.failing} check${status.checks.failing === 1 ? "" : "s"} failing`] : []),
     ...(status.nodes.counts.unreachable > 0
@@ -36,7 +37,26 @@ export function formatStatus(status: Status, now: Date): string {
       ]),
     );
   }
-  if (status.omitted > 0) lines.push(`… and ${status.omitted} more (narrow with --provider, --machine or --consumer)`);
+  if (status.stale.length > 0) {
+    lines.push(
+      "",
+      ...table([
+        ["PROVIDER", "PROVISION", "NODE", "MODULE", "HOLDS", "SHOULD HOLD", "ROTATED"],
+        ...status.stale.map((h) => [
+          h.provider,
+          h.provision,
+          h.node,
+          h.module,
+          shown(h.heldRevision ?? "-", WIDEST_WORD),
+          shown(h.revision, WIDEST_WORD),
+          `${failingFor(h.rotatedAt, now)} ago`,
+        ]),
+      ]),
+    );
+  }
+  // Left out to fit one reply: stale holders first, then keys out of shape, then failing triples (docs/failing.md §5.6).
+  if (status.omitted > 0)
+    lines.push(`… and ${status.omitted} more left out to fit one reply (narrow with --provider, --machine or --consumer)`);
   if (status.outOfShape.length > 0) {
     lines.push(
       "",

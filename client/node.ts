@@ -156,6 +156,7 @@ const needValue = z.record(z.string(), z.unknown()).check(
  * Throws a `ClientArgumentError` on bad options, and nats.js's error when the server refuses.
  */
 export async function connectNode(options: NodeOptions): Promise<NodeClient> {
+  if (options === null || typeof options !== "object") throw new ClientArgumentError("options", "must be an object");
   const node = tokenArg("node", options.node);
   const everySeconds =
     options.presence === false

@@ -6,6 +6,7 @@ import type { NatsConnection } from "nats";
 import pRetry, { AbortError } from "p-retry";
 import * as z from "zod/mini";
 import { failingEvent, recoveredEvent, releasedNotice, releasedSubject, rotatedEvent, type ReleasedNotice } from "../contract/events.ts";
+import { token } from "../contract/keys.ts";
 import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
@@ -54,11 +55,15 @@ const releasedRotation = z.extend(releasedNotice, {
   acknowledgedAt: z.optional(z.nullable(z.string())),
 });
 
+/** A rotation's holder: its machine and consumer, nothing else (docs/rotation.md §8.2). */
+const rotatedHolder = z.strictObject({ machine: z.optional(token), consumer: z.optional(token) });
+
 /**
  * Connects as provider `options.provider` (docs/client.md §9.2). Throws a `ClientArgumentError`
  * on bad options, and nats.js's error when the server refuses.
  */
 export async function connectProvider(options: ProviderOptions): Promise<ProviderClient> {
+  if (options === null || typeof options !== "object") throw new ClientArgumentError("options", "must be an object");
   const provider = tokenArg("provider", options.provider);
   const attempts = checked("attempts", z.int().check(z.minimum(1), z.maximum(100)), options.attempts ?? 5);
   const mesh = await openMesh({
@@ -86,13 +91,22 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
   return {
     provider,
     nc: mesh.nc,
-    failing: (machine, consumer, word) =>
+    // async: a bad argument rejects the promise, as every other method's does.
+    failing: async (machine, consumer, word) =>
       publish("failing", checked("", failingEvent, { machine, consumer, word, at: new Date().toISOString() })),
-    recovered: (machine, consumer) =>
+    recovered: async (machine, consumer) =>
       publish("recovered", checked("", recoveredEvent, { machine, consumer, at: new Date().toISOString() })),
-    rotated(provision, revision, holder = {}) {
+    async rotated(provision, revision, holder = {}) {
       if (typeof revision !== "string") throw new ClientArgumentError("revision", "must be a string");
-      const event = { provision, revision, at: new Date().toISOString(), ...holder };
+      // Only a holder's own fields: a misspelt one must not widen the rotation to every holder.
+      const { machine, consumer } = checked("holder", rotatedHolder, holder);
+      const event = {
+        provision,
+        revision,
+        at: new Date().toISOString(),
+        ...(machine === undefined ? {} : { machine }),
+        ...(consumer === undefined ? {} : { consumer }),
+      };
       return publish("rotated", checked("", rotatedEvent, event));
     },
     onReleased(handler) {

@@ -177,6 +177,17 @@ describe("bad arguments", () => {
     expect(await refused(() => keycloak.rotated("keycloak/x", "k3"))).toBe("provision");
     expect(await refused(() => keycloak.rotated("keycloak", 3 as unknown as string))).toBe("revision");
     expect(await refused(() => keycloak.rotated("keycloak", "k3", { machine: "alder" }))).toBe("consumer");
+    // A holder given as a string, or with a field of its own, is refused: never a rotation of every holder.
+    expect(await refused(() => keycloak.rotated("keycloak", "k3", "alder" as never))).toBe("holder");
+    expect(await refused(() => keycloak.rotated("keycloak", "k3", { machine: "alder", consumer: "gitea", revision: "k9" } as never))).toBe(
+      "holder",
+    );
+    // A bad argument rejects the promise, never throws before it.
+    const rejected = keycloak.failing("al.der", "grafana", "w");
+    expect(rejected).toBeInstanceOf(Promise);
+    await expect(rejected).rejects.toThrow(ClientArgumentError);
+    expect(await refused(() => connectProvider(undefined as never))).toBe("options");
+    expect(await refused(() => connectNode(undefined as never))).toBe("options");
     expect(await refused(() => keycloak.holders("*"))).toBe("provision");
     expect(await refused(() => connectNode({ servers: bus.url, node: "al.der", credentials: { password: "x" } }))).toBe("node");
     expect(await refused(() => connectNode({ servers: [], node: "alder", credentials: { password: "x" } }))).toBe("servers");

@@ -110,6 +110,35 @@ describe("status as the CLI prints it", () => {
     expect(long.endsWith(`${"😀".repeat(79)}…`)).toBe(true);
   });
 
+  it("names each stale holder, and what was left out to fit one reply", () => {
+    const stale: Status = {
+      ...status("x"),
+      failing: [],
+      omitted: 1,
+      stale: [
+        {
+          provider: "keycloak",
+          provision: "grafana-oidc",
+          node: "dogwood",
+          module: "grafana",
+          key: "dogwood.grafana.secret.grafana-oidc",
+          revision: "r3",
+          heldRevision: "r2",
+          rotatedAt: "2026-11-29T15:00:00Z",
+          appliedAt: null,
+        },
+      ],
+    };
+    expect(formatStatus(stale, now).split("\n").slice(0, 6)).toEqual([
+      "NOT WELL: 1 stale holder",
+      "",
+      "PROVIDER  PROVISION     NODE     MODULE   HOLDS  SHOULD HOLD  ROTATED",
+      "keycloak  grafana-oidc  dogwood  grafana  r2     r3           12m30s ago",
+      "… and 1 more left out to fit one reply (narrow with --provider, --machine or --consumer)",
+      "",
+    ]);
+  });
+
   it("says first when events cannot be recorded, and what a replica holds unacknowledged", () => {
     const full: Status = {
       ...status("x"),

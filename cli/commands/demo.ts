@@ -1,3 +1,4 @@
+import { Option } from "commander";
 import { HOLDERS, ROTATIONS, type What } from "../../functions/_lib/provisioning.ts";
 import { openSession } from "../../runtime/index.ts";
 import { askAll, formatAnswer, type AskRequest } from "../ask.ts";
@@ -35,10 +36,15 @@ export const demoCommand: AddCommand = (program, { config }) => {
   program
     .command("demo")
     .description("write the demo mesh as its node clients would, have its identity provider fail a consumer, then ask about it")
-    .option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`)
-    .option(
-      "--catch-up",
-      `only catch ${DEMO_ROTATION.consumer} on ${DEMO_ROTATION.machine} up with the rotated credential, then print the release`,
+    // Each step alone: one run takes one of them.
+    .addOption(
+      new Option("--recover", `only publish the recovery of ${DEMO_FAILING.provider}, then print status`).conflicts(["catchUp", "silence"]),
+    )
+    .addOption(
+      new Option(
+        "--catch-up",
+        `only catch ${DEMO_ROTATION.consumer} on ${DEMO_ROTATION.machine} up with the rotated credential, then print the release`,
+      ).conflicts(["silence"]),
     )
     .option(
       "--silence <node>",
