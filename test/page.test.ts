@@ -146,6 +146,12 @@ describe("the page GET /", () => {
     expect(await row.locator("td").nth(3).innerText()).toBe("too many connections for role gitea");
     await asProvider("postgres", (p) => p.recovered("birch", "gitea"));
     await row.waitFor({ state: "detached", timeout: 2000 });
+    // A direction control in a word is written out, never reordering what is shown around it.
+    await asProvider("postgres", (p) => p.failing("birch", "gitea", "login \u202efailed"));
+    await row.waitFor({ timeout: 2000 });
+    expect(await row.locator("td").nth(3).innerText()).toBe("login \\u202efailed");
+    await asProvider("postgres", (p) => p.recovered("birch", "gitea"));
+    await row.waitFor({ state: "detached", timeout: 2000 });
     // The same document throughout: no reload.
     expect(await page.evaluate(() => (window as unknown as { kept: number }).kept)).toBe(42);
     expect(await page.locator("#live").innerText()).toMatch(/^Live: updated \d\d:\d\d:\d\d UTC$/);

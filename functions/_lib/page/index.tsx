@@ -28,22 +28,32 @@ const PARTS = {
 
 /** Every part's inner HTML by its id, for `GET /page.json` (docs/page.md §10.3). */
 export function partsOf(o: Overview): Record<string, string> {
-  return Object.fromEntries(Object.entries(PARTS).map(([id, Part]) => [id, String(<Part o={o} />)]));
+  return Object.fromEntries(Object.entries(PARTS).map(([id, Part]) => [id, directionsShown(String(<Part o={o} />))]));
 }
+
+/**
+ * `html` with every text direction control (U+200E, U+200F, U+202A–U+202E, U+2066–U+2069)
+ * written as `\uXXXX`, as the command line writes them: a word a provider or node sent cannot
+ * reorder what the page shows around it. The page's own markup holds none.
+ */
+const directionsShown = (html: string): string =>
+  html.replace(/[\u200E\u200F\u202A-\u202E\u2066-\u2069]/g, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
 
 /** An HTML document of the page's own style, titled `title`, `children` its body. */
 const documentOf = (title: string, children: Child): string =>
   "<!DOCTYPE html>" +
-  String(
-    <html lang="en">
-      <head>
-        <meta charset="utf-8" />
-        <meta name="viewport" content="width=device-width,initial-scale=1" />
-        <title>{title}</title>
-        <style>{raw(STYLE)}</style>
-      </head>
-      <body>{children}</body>
-    </html>,
+  directionsShown(
+    String(
+      <html lang="en">
+        <head>
+          <meta charset="utf-8" />
+          <meta name="viewport" content="width=device-width,initial-scale=1" />
+          <title>{title}</title>
+          <style>{raw(STYLE)}</style>
+        </head>
+        <body>{children}</body>
+      </html>,
+    ),
   );
 
 /** The whole page (docs/page.md §10.1), as an HTML document. */
