@@ -2,6 +2,7 @@ import { Option } from "commander";
 import prettyMilliseconds from "pretty-ms";
 import { ServiceError, type NatsConnection } from "nats";
 import { ASKED, NARROWINGS, VERB, VERB_SHAPE, type Answer, type Asked, type Entries, type What } from "../functions/_lib/provisioning.ts";
+import { writtenOut } from "../functions/_lib/text.ts";
 
 const decoder = new TextDecoder();
 
@@ -74,7 +75,7 @@ const WIDEST_VALUE = 72;
  * (whole with {@link showWhole}).
  */
 export function shown(text: string, width: number): string {
-  const safe = text.replace(/[\p{Cc}\p{Cf}\u2028\u2029]/gu, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
+  const safe = writtenOut(text, /[\p{Cc}\p{Cf}\u2028\u2029]/gu);
   if (whole) return safe;
   const chars = [...safe];
   return chars.length > width ? `${chars.slice(0, width - 1).join("")}…` : safe;

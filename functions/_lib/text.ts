@@ -3,6 +3,14 @@
  * to a length is the contract's, contract/text.ts). Imported, never copied.
  */
 
+/**
+ * `text` with each character `pattern` matches written out as `\uXXXX` (its code point in hex):
+ * how the command line and the page show control and direction characters that someone else
+ * wrote. `pattern` must be global.
+ */
+export const writtenOut = (text: string, pattern: RegExp): string =>
+  text.replace(pattern, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
+
 /** `n` and its noun: `1 need`, `3 needs`; `pluralForm` when adding `s` is not the plural. */
 export const plural = (n: number, singular: string, pluralForm = `${singular}s`): string => `${n} ${n === 1 ? singular : pluralForm}`;
 

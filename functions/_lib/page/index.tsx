@@ -8,6 +8,7 @@
 import type { Child } from "hono/jsx";
 import { raw } from "hono/html";
 import type { Overview } from "../overview.ts";
+import { writtenOut } from "../text.ts";
 import { PARTS_PATH, SCRIPT, STYLE } from "./look.ts";
 import { Banner, Detail, FailingList, Grid, NotWellList } from "./mesh.tsx";
 import { Filters, Recent, Registry, Timeline } from "./events.tsx";
@@ -36,8 +37,7 @@ export function partsOf(o: Overview): Record<string, string> {
  * written as `\uXXXX`, as the command line writes them: a word a provider or node sent cannot
  * reorder what the page shows around it. The page's own markup holds none.
  */
-const directionsShown = (html: string): string =>
-  html.replace(/[\u200E\u200F\u202A-\u202E\u2066-\u2069]/g, (c) => `\\u${c.codePointAt(0)!.toString(16).padStart(4, "0")}`);
+const directionsShown = (html: string): string => writtenOut(html, /[\u200E\u200F\u202A-\u202E\u2066-\u2069]/g);
 
 /** An HTML document of the page's own style, titled `title`, `children` its body. */
 const documentOf = (title: string, children: Child): string =>
