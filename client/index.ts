@@ -7,4 +7,14 @@
  */
 export { connectNode, type BackgroundFailure, type NodeClient, type NodeOptions, type Placeholders, type RefreshNotice } from "./node.ts";
 export { connectProvider, type ProviderClient, type ProviderOptions, type ReleasedNotice } from "./provider.ts";
-export { ClientArgumentError, collectKey, MeshRefusal, needKey, needOf, usersFile, type Credentials, type MeshOptions } from "./mesh.ts";
+export {
+  ClientArgumentError,
+  collectKey,
+  MeshRefusal,
+  MeshUnanswered,
+  needKey,
+  needOf,
+  usersFile,
+  type Credentials,
+  type MeshOptions,
+} from "./mesh.ts";

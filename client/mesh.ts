@@ -3,7 +3,7 @@
  * require it, arguments checked before anything is sent, and asking the set's verbs.
  */
 import { readFileSync } from "node:fs";
-import { connect, type NatsConnection } from "nats";
+import { connect, ErrorCode, type NatsConnection } from "nats";
 import * as z from "zod/mini";
 import { en } from "zod/locales";
 import { collectionName, encodeCollection, token } from "../contract/keys.ts";
@@ -49,6 +49,29 @@ export class MeshRefusal extends Error {
   ) {
     super(message);
     this.name = "MeshRefusal";
+  }
+}
+
+/**
+ * A request to a verb of the set that got no answer (docs/client.md §9): nobody serves the
+ * subject (`code` `503`, when the server can tell) or no answer came within the time (`code`
+ * `TIMEOUT`): the set is not running, not reachable from this server, or too busy. `subject` is
+ * the verb's subject; `cause` nats.js's error.
+ */
+export class MeshUnanswered extends Error {
+  constructor(
+    readonly subject: string,
+    readonly code: string,
+    timeoutMs: number,
+    cause: unknown,
+  ) {
+    super(
+      code === ErrorCode.NoResponders
+        ? `nobody answers ${subject}: the function set is not running`
+        : `no answer on ${subject} within ${timeoutMs / 1000} s: the function set is not running, not reachable from this server, or too busy`,
+      { cause },
+    );
+    this.name = "MeshUnanswered";
   }
 }
 
@@ -116,8 +139,10 @@ export interface Mesh {
   readonly seat: string;
   /** The stream-backed bucket `<seat>_<name>`. */
   bucket(name: string): string;
-  /** One request to a verb of the seat (`<seat>.<verb>`): its JSON answer, or a {@link MeshRefusal}. */
+  /** One request to a verb of the seat (`<seat>.<verb>`): its JSON answer; a {@link MeshRefusal}, or a {@link MeshUnanswered}. */
   request(verb: string, body: unknown, timeoutMs?: number): Promise<unknown>;
+  /** Drains the connection once: a second call, or one after the connection closed, gets the same promise. */
+  close(): Promise<void>;
 }
 
 const decoder = new TextDecoder();
@@ -145,12 +170,17 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
     maxReconnectAttempts: -1,
     timeout: 5000,
   });
+  let closing: Promise<void> | undefined;
   return {
     nc,
     seat,
     bucket: (name) => `${seat}_${name}`,
     async request(verb, body, timeoutMs = 10_000) {
-      const reply = await nc.request(`${seat}.${verb}`, JSON.stringify(body), { timeout: timeoutMs });
+      const subject = `${seat}.${verb}`;
+      const reply = await nc.request(subject, JSON.stringify(body), { timeout: timeoutMs }).catch((err: unknown) => {
+        const code = (err as { code?: unknown }).code;
+        throw code === ErrorCode.Timeout || code === ErrorCode.NoResponders ? new MeshUnanswered(subject, code, timeoutMs, err) : err;
+      });
       const code = reply.headers?.get("Nats-Service-Error-Code");
       const text = decoder.decode(reply.data);
       if (code) {
@@ -159,6 +189,7 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
       }
       return JSON.parse(text);
     },
+    close: () => (closing ??= nc.isClosed() ? Promise.resolve() : nc.drain()),
   };
 }
 

@@ -120,7 +120,10 @@ export interface NodeClient {
    * not unreachable (docs/presence.md §16.1). For a node taken out of the mesh on purpose.
    */
   retire(): Promise<void>;
-  /** Stops writing presence and checking, and drains the connection: the node is unreachable once its limit passes. */
+  /**
+   * Stops writing presence and checking, and drains the connection: the node is unreachable once
+   * its limit passes. Called again, resolves when the first call does.
+   */
   close(): Promise<void>;
 }
 
@@ -331,7 +334,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       closed = true;
       presence.stop();
       for (const c of [...checking]) c.stop();
-      await mesh.nc.drain();
+      await mesh.close();
     },
   };
 }

@@ -44,7 +44,7 @@ export interface ProviderClient {
   onReleased(handler: (released: ReleasedNotice) => void | Promise<void>): { stop(): void };
   /** Every holder of `provision` across the mesh (docs/rotation.md §8.1), every page. */
   holders(provision: string): Promise<unknown[]>;
-  /** Drains the connection. */
+  /** Drains the connection; called again, resolves when the first call does. */
   close(): Promise<void>;
 }
 
@@ -163,6 +163,6 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
     async holders(provision) {
       return (await allPages(mesh, { what: "holders", provision: tokenArg("provision", provision) })).entries;
     },
-    close: () => mesh.nc.drain(),
+    close: () => mesh.close(),
   };
 }

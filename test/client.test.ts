@@ -4,6 +4,7 @@ import {
   connectNode,
   connectProvider,
   MeshRefusal,
+  MeshUnanswered,
   needOf,
   type NodeClient,
   type ProviderClient,
@@ -144,6 +145,32 @@ describe("a provider client", () => {
     expect(releases[0]).toMatchObject({ provision: "keycloak", revision: "k2", holders: 1 });
     refresh.stop();
     release.stop();
+  });
+});
+
+describe("the set not running (docs/client.md §9)", () => {
+  it("a request nobody answers throws a MeshUnanswered naming the verb's subject", { timeout: 30_000 }, async () => {
+    const lone = await testBus();
+    const cedar = await connectNode({
+      servers: lone.url,
+      node: "cedar",
+      credentials: { password: lone.server.users.cedar!.password },
+      presence: false,
+    });
+    try {
+      const err = await cedar.ask({ what: "needs" }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(MeshUnanswered);
+      expect(err).toMatchObject({ subject: "mesh-provisioner.provisioning", code: "TIMEOUT" });
+      expect((err as Error).message).toBe(
+        "no answer on mesh-provisioner.provisioning within 10 s: the function set is not running, not reachable from this server, or too busy",
+      );
+    } finally {
+      await cedar.close();
+      await lone.stop();
+    }
   });
 });
 
