@@ -5,7 +5,15 @@
  *
  *     import { connectNode, connectProvider } from "mesh-provisioner/client";
  */
-export { connectNode, type BackgroundFailure, type NodeClient, type NodeOptions, type Placeholders, type RefreshNotice } from "./node.ts";
+export {
+  connectNode,
+  type BackgroundFailure,
+  type CheckResult,
+  type NodeClient,
+  type NodeOptions,
+  type Placeholders,
+  type RefreshNotice,
+} from "./node.ts";
 export { connectProvider, type ProviderClient, type ProviderOptions, type ReleasedNotice } from "./provider.ts";
 export {
   ClientArgumentError,

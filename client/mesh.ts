@@ -11,6 +11,38 @@ import { collectionName, encodeCollection, token } from "../contract/keys.ts";
 // zod/mini names no issue in words until given a locale: the client's errors read as the set's do.
 z.config(en());
 
+/**
+ * A connection's name, as the server shows it: its CONNECT line carries it, and the server
+ * refuses one past its 4 KiB control line.
+ */
+const connectionName = z.string().check(z.minLength(1, "must not be empty"), z.maxLength(256, "must be at most 256 characters"));
+
+/** How much of `max_payload` a value written to a key leaves for its key, its fields and the verb's reply around it (docs/verb.md §4.4), in bytes. */
+const VALUE_HEADROOM = 16 * 1024;
+
+/**
+ * `value` as the JSON text written for `argument`, or a {@link ClientArgumentError} naming it:
+ * no JSON value (a BigInt, a cycle, a function), or too large for the verb to answer it in one
+ * reply (`maxPayload` less {@link VALUE_HEADROOM} bytes).
+ */
+export function jsonArg(argument: string, value: unknown, maxPayload: number): string {
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value);
+  } catch (err) {
+    throw new ClientArgumentError(argument, `must be a JSON value: ${(err as Error).message}`);
+  }
+  if (text === undefined) throw new ClientArgumentError(argument, "must be a JSON value");
+  const bytes = Buffer.byteLength(text);
+  if (bytes > maxPayload - VALUE_HEADROOM) {
+    throw new ClientArgumentError(
+      argument,
+      `is ${bytes} bytes as JSON: at most ${maxPayload - VALUE_HEADROOM} fit in one of the verb's replies (max_payload ${maxPayload})`,
+    );
+  }
+  return text;
+}
+
 /** Where the mesh is and who connects. */
 export interface MeshOptions {
   /** NATS server URLs (`nats://host:port`), one or several. */
@@ -139,6 +171,8 @@ export interface Mesh {
   readonly seat: string;
   /** The stream-backed bucket `<seat>_<name>`. */
   bucket(name: string): string;
+  /** The server's `max_payload`, in bytes. */
+  maxPayload(): number;
   /** One request to a verb of the seat (`<seat>.<verb>`): its JSON answer; a {@link MeshRefusal}, or a {@link MeshUnanswered}. */
   request(verb: string, body: unknown, timeoutMs?: number): Promise<unknown>;
   /** Drains the connection once: a second call, or one after the connection closed, gets the same promise. */
@@ -159,6 +193,11 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
   if (servers.length === 0 || servers.some((s) => typeof s !== "string" || s === "")) {
     throw new ClientArgumentError("servers", "must be one NATS URL or more");
   }
+  for (const s of servers as string[]) {
+    // As nats.js reads one: a URL, or host:port with no scheme.
+    if (!URL.canParse(s.includes("://") ? s : `nats://${s}`)) throw new ClientArgumentError("servers", `${JSON.stringify(s)} is no URL`);
+  }
+  if (options.name !== undefined) checked("name", connectionName, options.name);
   const { user, password } = checked("credentials", credentials, options.credentials);
   const seat = tokenArg("seat", options.seat ?? "mesh-provisioner");
   const nc = await connect({
@@ -175,6 +214,7 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
     nc,
     seat,
     bucket: (name) => `${seat}_${name}`,
+    maxPayload: () => nc.info?.max_payload ?? 1024 * 1024,
     async request(verb, body, timeoutMs = 10_000) {
       const subject = `${seat}.${verb}`;
       const reply = await nc.request(subject, JSON.stringify(body), { timeout: timeoutMs }).catch((err: unknown) => {
@@ -195,7 +235,8 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
 
 /**
  * Calls `handler` with each message on `subject` that `schema` reads (JSON; others are
- * skipped) until stopped. Throws a {@link ClientArgumentError} when `handler` is not a function.
+ * skipped) until stopped; what it throws, or the promise it returns rejects with, is ignored.
+ * Throws a {@link ClientArgumentError} when `handler` is not a function.
  */
 export function listen<T>(
   nc: NatsConnection,
@@ -214,7 +255,11 @@ export function listen<T>(
         return;
       }
       const parsed = schema.safeParse(read);
-      if (parsed.success) void Promise.resolve(handler(parsed.data)).catch(() => {});
+      // What the handler throws, at once or later, is its own: it never reaches nats.js's reader.
+      if (parsed.success)
+        void Promise.resolve(parsed.data)
+          .then(handler)
+          .catch(() => {});
     },
   });
   return { stop: () => sub.unsubscribe() };

@@ -4,7 +4,7 @@
  */
 import type { KV, NatsConnection } from "nats";
 import * as z from "zod/mini";
-import { token } from "../contract/keys.ts";
+import { provisionName, token } from "../contract/keys.ts";
 import {
   CHECK_REASON,
   checkedEvent,
@@ -22,6 +22,7 @@ import {
   checked,
   ClientArgumentError,
   collectKey,
+  jsonArg,
   listen,
   needOf,
   openMesh,
@@ -108,7 +109,7 @@ export interface NodeClient {
   keepChecking(
     module: string,
     provision: string,
-    probe: () => Promise<void | { readonly revision?: string }> | void | { readonly revision?: string },
+    probe: () => unknown,
     options?: { readonly everySeconds?: number; readonly timeoutSeconds?: number },
   ): { stop(): void };
   /** One page of the verb `mesh-provisioner.provisioning` (docs/verb.md §4); a refusal throws a `MeshRefusal`. */
@@ -144,14 +145,18 @@ const checkingOptions = z.optional(z.object({ everySeconds: seconds(86_400), tim
 const CLIENT = "mesh-provisioner client";
 
 const record = z.object({
-  revisions: z.optional(z.record(token, z.string().check(z.minLength(1, "must name a revision")))),
+  revisions: z.optional(z.record(provisionName, z.string().check(z.minLength(1, "must name a revision")))),
   error: z.optional(z.string().check(z.minLength(1, "must say what failed"))),
 });
 const needValue = z.record(z.string(), z.unknown()).check(
   z.refine((v) => v.provider === undefined || token.safeParse(v.provider).success, {
     message: "provider must be one token (a module's name)",
   }),
+  z.refine((v) => !Object.hasOwn(v, "placeholder"), {
+    message: "placeholder is the need's own field, written from the placeholder given: a value of its own would contradict its key",
+  }),
 );
+const statusNarrowing = z.strictObject({ provider: z.optional(token), machine: z.optional(token), consumer: z.optional(token) });
 
 /**
  * Connects as node `options.node` (docs/client.md §9.1) and opens its buckets as its
@@ -206,12 +211,20 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     const read = checked("result", checkResult, result);
     const said = [read.ok, read.ok ? "" : (read.reason ?? DEFAULT_CHECK_REASON), read.revision ?? ""].join(" ");
     const id = `${module}.${provision}`;
-    if (published.get(id) === said) return false;
+    const before = published.get(id);
+    if (before === said) return false;
     // Cut as the set keeps it: a message too long for one message would never be published.
     const message = read.message === undefined ? {} : { message: cutText(read.message, MAX_WORD) };
     const event = { module, provision, ...read, ...message, at: new Date().toISOString() };
-    await js.publish(checkedSubject(node), JSON.stringify(event));
+    // Taken as published at once: a call meanwhile with the same result publishes nothing.
     published.set(id, said);
+    try {
+      await js.publish(checkedSubject(node), JSON.stringify(event));
+    } catch (err) {
+      // Not published: the next call with this result publishes it, unless another result came meanwhile.
+      if (published.get(id) === said) before === undefined ? published.delete(id) : published.set(id, before);
+      throw err;
+    }
     return true;
   };
 
@@ -231,7 +244,10 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       for (const [placeholder, value] of list) {
         const { kind, name } = needOf(placeholder, "placeholders:");
         checked(`placeholders: ${placeholder}`, needValue, value);
-        wanted.set(`${node}.${module}.${kind}.${name}`, JSON.stringify({ placeholder, ...value }));
+        wanted.set(
+          `${node}.${module}.${kind}.${name}`,
+          jsonArg(`placeholders: ${placeholder}`, { placeholder, ...value }, mesh.maxPayload()),
+        );
       }
       const held = await allPages<{ key: string; value: unknown }>(mesh, { what: "needs", node, module });
       const now = new Map(held.entries.map((e) => [e.key, JSON.stringify(e.value)]));
@@ -258,13 +274,12 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
         throw new ClientArgumentError("record", "must be an object of the applied record's fields");
       }
       checked("record", record, fields);
-      return (await kv("applied")).put(`${node}.${module}`, JSON.stringify({ at: new Date().toISOString(), ...fields }));
+      const text = jsonArg("record", { at: new Date().toISOString(), ...fields }, mesh.maxPayload());
+      return (await kv("applied")).put(`${node}.${module}`, text);
     },
     async contribute(collection, contributor, item) {
       const key = collectKey(node, collection, contributor);
-      const text = JSON.stringify(item);
-      if (text === undefined) throw new ClientArgumentError("item", "must be a JSON value");
-      return (await kv("collect")).put(key, text);
+      return (await kv("collect")).put(key, jsonArg("item", item, mesh.maxPayload()));
     },
     async withdraw(collection, contributor) {
       await (await kv("collect")).delete(collectKey(node, collection, contributor));
@@ -325,7 +340,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       return handle;
     },
     ask: (request) => mesh.request("provisioning", request),
-    status: (narrowing = {}) => mesh.request("status", narrowing),
+    status: async (narrowing = {}) => mesh.request("status", checked("narrowing", statusNarrowing, narrowing)),
     retire: async () => {
       presence.stop();
       await (await kv("presence")).delete(node);

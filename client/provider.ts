@@ -5,8 +5,17 @@
 import type { NatsConnection } from "nats";
 import pRetry, { AbortError } from "p-retry";
 import * as z from "zod/mini";
-import { failingEvent, recoveredEvent, releasedNotice, releasedSubject, rotatedEvent, type ReleasedNotice } from "../contract/events.ts";
-import { token } from "../contract/keys.ts";
+import {
+  failingEvent,
+  MAX_WORD,
+  recoveredEvent,
+  releasedNotice,
+  releasedSubject,
+  rotatedEvent,
+  type ReleasedNotice,
+} from "../contract/events.ts";
+import { provisionName, token } from "../contract/keys.ts";
+import { cutText } from "../contract/text.ts";
 import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
@@ -92,8 +101,11 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
     provider,
     nc: mesh.nc,
     // async: a bad argument rejects the promise, as every other method's does.
-    failing: async (machine, consumer, word) =>
-      publish("failing", checked("", failingEvent, { machine, consumer, word, at: new Date().toISOString() })),
+    failing: async (machine, consumer, word) => {
+      const event = checked("", failingEvent, { machine, consumer, word, at: new Date().toISOString() });
+      // Cut as the follower keeps it (docs/failing.md §5): a longer word would not fit one message.
+      return publish("failing", { ...event, word: cutText(event.word, MAX_WORD) });
+    },
     recovered: async (machine, consumer) =>
       publish("recovered", checked("", recoveredEvent, { machine, consumer, at: new Date().toISOString() })),
     async rotated(provision, revision, holder = {}) {
@@ -161,7 +173,7 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
       };
     },
     async holders(provision) {
-      return (await allPages(mesh, { what: "holders", provision: tokenArg("provision", provision) })).entries;
+      return (await allPages(mesh, { what: "holders", provision: checked("provision", provisionName, provision) })).entries;
     },
     close: () => mesh.close(),
   };

@@ -3,7 +3,7 @@
  * docs/rotation.md §8): what a client and the set both stand on. Imports zod and the contract only.
  */
 import * as z from "zod/mini";
-import { token } from "./keys.ts";
+import { provisionName, token } from "./keys.ts";
 import { rfc3339 } from "./times.ts";
 
 /** The longest failing word kept, in characters; a longer one is cut, never refused. */
@@ -59,7 +59,7 @@ export const MAX_REVISION = 256;
  */
 export const rotatedEvent = z
   .object({
-    provision: token.check(z.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /")),
+    provision: provisionName,
     revision: z.string().check(z.minLength(1, "must name the new revision"), z.maxLength(MAX_REVISION)),
     at: rfc3339,
     machine: z.optional(token),
@@ -95,7 +95,7 @@ export const DEFAULT_CHECK_REASON = "CheckFailed";
  */
 export const checkedEvent = z.object({
   module: token,
-  provision: token.check(z.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /")),
+  provision: provisionName,
   ok: z.boolean(),
   reason: z.optional(z.string().check(z.regex(CHECK_REASON, "must be one CamelCase word (AuthFailed)"), z.maxLength(64))),
   message: z.optional(z.string()),

@@ -19,6 +19,11 @@ export const token = z
     z.maxLength(MAX_TOKEN, `must be at most ${MAX_TOKEN} characters`),
   );
 
+/** A provision (docs/rotation.md §8.1): a need's name up to its first `/`, so one token holding no `/`. */
+export const provisionName = token.check(
+  z.refine((p) => !p.includes("/"), "a provision is a need's name up to its first /, so it holds no /"),
+);
+
 /** A collection name (docs/buckets.md §2): any non-empty, well-formed string; it is encoded into its token. */
 export const collectionName = z.string().check(
   z.minLength(1, "must be a non-empty collection name"),

@@ -111,6 +111,37 @@ describe("a node client", () => {
     expect(((await birch.ask({ what: "collect", node: "birch" })) as Page).entries).toEqual([]);
   });
 
+  it("publishes one check when the same result is given several times at once", async () => {
+    const published = await Promise.all(Array.from({ length: 5 }, () => birch.check("gitea", "keycloak", { ok: true })));
+    expect(published.filter(Boolean)).toHaveLength(1);
+    expect(await birch.check("gitea", "keycloak", { ok: true })).toBe(false);
+    expect(await birch.check("gitea", "keycloak", { ok: false, reason: "AuthFailed" })).toBe(true);
+  });
+
+  it("goes on hearing notices, and asking, after a handler that throws at once", async () => {
+    const seat = await bus.connect();
+    const heard: string[] = [];
+    const refresh = birch.onRefresh((n) => {
+      if (n.revision === "r1") throw new Error("the caller's own mistake");
+      heard.push(n.revision);
+    });
+    try {
+      // The subscription is at the server before the first notice.
+      await birch.nc.flush();
+      for (const revision of ["r1", "r2"]) {
+        const notice = { provider: "keycloak", provision: "keycloak", revision, at: new Date().toISOString(), modules: ["grafana"] };
+        seat.publish("mesh-provisioner.refresh.birch", JSON.stringify(notice));
+        await seat.flush();
+      }
+      await until(() => heard.length > 0, 5000, "the second notice");
+      expect(heard).toEqual(["r2"]);
+      expect(((await birch.ask({ what: "registry" })) as Page).entries.length).toBeGreaterThan(0);
+    } finally {
+      refresh.stop();
+      await seat.close();
+    }
+  });
+
   it("says a refusal of the verb as a MeshRefusal with its code", async () => {
     const refused = await alder.ask({ what: "wormholes" }).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(MeshRefusal);
@@ -127,6 +158,16 @@ describe("a provider client", () => {
     ]);
     await keycloak.recovered("alder", "grafana");
     await until(async () => ((await alder.status({ provider: "keycloak" })) as { failing: unknown[] }).failing.length === 0);
+  });
+
+  it("cuts a failing word longer than the follower keeps, as the follower would (docs/failing.md §5)", async () => {
+    expect(await keycloak.failing("birch", "grafana", "w".repeat(2 * 1024 * 1024))).toBeGreaterThan(0);
+    const failingOf = async () =>
+      ((await alder.status({ provider: "keycloak", machine: "birch" })) as { failing: { word: string }[] }).failing;
+    await until(async () => (await failingOf()).length === 1);
+    expect((await failingOf())[0]!.word).toBe(`${"w".repeat(1023)}…`);
+    await keycloak.recovered("birch", "grafana");
+    await until(async () => (await failingOf()).length === 0);
   });
 
   it("rotates a provision: its holder's node hears the notice, and the provider the release once it caught up", async () => {
@@ -219,6 +260,29 @@ describe("bad arguments", () => {
     expect(await refused(() => connectNode({ servers: bus.url, node: "al.der", credentials: { password: "x" } }))).toBe("node");
     expect(await refused(() => connectNode({ servers: [], node: "alder", credentials: { password: "x" } }))).toBe("servers");
     expect(await refused(() => connectNode({ servers: 5 as never, node: "alder", credentials: { password: "x" } }))).toBe("servers");
+    expect(await refused(() => connectNode({ servers: "nats://[::1", node: "alder", credentials: { password: "x" } }))).toBe("servers");
+    expect(
+      await refused(() => connectNode({ servers: bus.url, node: "alder", credentials: { password: "x" }, name: "x".repeat(5000) })),
+    ).toBe("name");
+    // A need's value naming a placeholder of its own, or one that is no JSON, or too large for a reply: refused, and none of the module's needs written.
+    expect(await refused(() => alder.declare("gitea", { "${config:db_url}": {}, "${config:x}": { placeholder: "${secret:y}" } }))).toBe(
+      "placeholders: ${config:x}",
+    );
+    expect(await refused(() => alder.declare("gitea", { "${config:db_url}": {}, "${config:x}": { big: 10n } }))).toBe(
+      "placeholders: ${config:x}",
+    );
+    expect(await refused(() => alder.declare("gitea", { "${config:db_url}": {}, "${config:x}": { blob: "z".repeat(1_040_000) } }))).toBe(
+      "placeholders: ${config:x}",
+    );
+    const cycle: Record<string, unknown> = {};
+    cycle.self = cycle;
+    expect(await refused(() => alder.applied("gitea", cycle))).toBe("record");
+    expect(await refused(() => alder.contribute("shell", "docker", "z".repeat(1_040_000)))).toBe("item");
+    expect(await refused(() => alder.contribute("shell", "docker", 10n))).toBe("item");
+    expect(await refused(() => alder.applied("gitea", { revisions: { "postgres/address": "8" } }))).toMatch(/^record\.revisions/);
+    expect(await refused(() => alder.status({ provder: "keycloak" } as never))).toBe("narrowing");
+    expect(await refused(() => alder.status({ provider: "key cloak" }))).toBe("narrowing.provider");
+    expect(await refused(() => keycloak.holders("keycloak/client-secret"))).toBe("provision");
     // Nothing of these reached the buckets.
     expect((await needsOf(alder, "gitea")).entries.map((e) => e.key)).toEqual([
       "alder.gitea.bound.postgres/address",
