@@ -59,14 +59,20 @@ export function nanosOfTime(time: string): number {
   return ms * 1e6 + Number(fraction.padEnd(9, "0").slice(3, 9));
 }
 
+/**
+ * Whether a record's `KV-Operation` deletes its key: `DEL` or `PURGE` only, as nats.js's and the
+ * server's own reads take it. A value written with another (or none) is a value, never dropped.
+ */
+export const deletes = (operation: string | undefined): boolean => operation === "DEL" || operation === "PURGE";
+
 function recordOf(entry: KvEntry | null): KeyRecord | null {
   if (entry === null) return null;
   const { key, value, revision, created } = entry;
-  return { key, value, revision, created, createdNanos: nanosOf(entry), deleted: entry.operation !== "PUT" };
+  return { key, value, revision, created, createdNanos: nanosOf(entry), deleted: deletes(entry.operation) };
 }
 
 function live(entry: KvEntry | null): Entry | null {
-  if (entry === null || entry.operation !== "PUT") return null;
+  if (entry === null || deletes(entry.operation)) return null;
   return { key: entry.key, value: entry.value, revision: entry.revision, created: entry.created, createdNanos: nanosOf(entry) };
 }
 
@@ -198,7 +204,7 @@ export async function scan(nc: NatsConnection, bucket: string, filter: string, d
       revision: at,
       created: new Date(time),
       createdNanos: nanosOfTime(time),
-      deleted: operation === "DEL" || operation === "PURGE",
+      deleted: deletes(operation),
     });
     seq = at + 1;
   }

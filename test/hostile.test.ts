@@ -1,5 +1,5 @@
 import fc from "fast-check";
-import type { NatsConnection } from "nats";
+import { headers, type NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
@@ -140,6 +140,25 @@ describe("hostile input, as an attacker would send it", () => {
       if (collection.errorCode === undefined) expect(collection.body.entries).toEqual([]);
       else expect(collection.errorText).toMatch(/^collection: /);
     }
+  });
+
+  it("reads a value written with a KV-Operation other than DEL or PURGE as a value, as nats.js does: never dropped", async () => {
+    const js = node.jetstream();
+    for (const [key, operation] of [
+      ["alder.ops.config.bogus", "BOGUS"],
+      ["alder.ops.config.lower", "del"],
+    ] as const) {
+      const h = headers();
+      h.set("KV-Operation", operation);
+      await js.publish(`$KV.mesh-provisioner_needs.${key}`, '{"placeholder":"${config:x}"}', { headers: h });
+    }
+    for (const stale of [false, true]) {
+      const answer = await request(node, VERB, encoder.encode(JSON.stringify({ what: "needs", node: "alder", module: "ops", stale })));
+      expect((answer.body.entries as { key: string }[]).map((e) => e.key)).toEqual(["alder.ops.config.bogus", "alder.ops.config.lower"]);
+    }
+    const needs = await bus.kv("needs", "alder");
+    expect((await needs.get("alder.ops.config.bogus"))?.string()).toBe('{"placeholder":"${config:x}"}');
+    for (const key of ["alder.ops.config.bogus", "alder.ops.config.lower"]) await needs.delete(key);
   });
 
   it("refuses a 5 MiB payload, deeply nested JSON, a 10,000-character collection, control characters and invalid UTF-8", async () => {

@@ -6,7 +6,7 @@
  */
 import type { KV, KvEntry, QueuedIterator } from "nats";
 import type { Logger } from "pino";
-import { createdMsOf, filterList, nanosOf, watchOf } from "../buckets.ts";
+import { createdMsOf, deletes, filterList, nanosOf, watchOf } from "../buckets.ts";
 import type { ListOptions } from "../types.ts";
 import { subjectMatches } from "../subjects.ts";
 import { RecordStore } from "./store.ts";
@@ -148,7 +148,7 @@ export async function startGeneration(
 export function applyEntry(generation: Generation, entry: KvEntry): boolean {
   // A record older than the one the key holds (delivered again, late) never replaces it.
   if ((generation.store.revisionOf(entry.key) ?? 0) > entry.revision) return false;
-  const deleted = entry.operation !== "PUT";
+  const deleted = deletes(entry.operation);
   const createdNanos = nanosOf(entry);
   generation.store.set({
     key: entry.key,
