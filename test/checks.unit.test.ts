@@ -65,4 +65,18 @@ describe("a check's newest result and streak (unit)", () => {
     expect(applyAll([failing, ok])).toMatchObject({ ok: false, reason: "Timeout" });
     expect(decideCheck(applyAll([failing]), failing)).toEqual({ change: "older" });
   });
+
+  it("an ok result at the instant of a later failing one cuts the streak there, in either order of arrival", () => {
+    const failing1: CheckedEvent = { module: "m", provision: "p", ok: false, reason: "AuthFailed", at: at(1) };
+    const failing2: CheckedEvent = { ...failing1, at: at(2) };
+    const ok2: CheckedEvent = { module: "m", provision: "p", ok: true, at: at(2) };
+    for (const arrival of [
+      [failing1, failing2, ok2],
+      [failing1, ok2, failing2],
+      [ok2, failing1, failing2],
+      [failing2, failing1, ok2],
+    ]) {
+      expect(applyAll(arrival)).toMatchObject({ ok: false, since: at(2), at: at(2) });
+    }
+  });
 });

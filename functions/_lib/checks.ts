@@ -65,8 +65,9 @@ const valueOf = (e: CheckedEvent, since: string): CheckValue => ({
  * - newer than what is kept: it is kept; its streak goes on when its result (ok or not) is the
  *   kept one's, and starts at its `at` when not;
  * - of the same instant: a failing result wins over an ok one; the same result is nothing new;
- * - older, of the other result and after the kept streak began: that streak was cut then, so it
- *   starts again at the kept `at` (`restarted`); anything else older changes nothing.
+ * - older or of the same instant, of the other result and after the kept streak began: that
+ *   streak was cut then, so it starts again at the kept `at` (`restarted`), whichever of the two
+ *   arrived first; anything else older changes nothing.
  */
 export function decideCheck(kept: CheckValue | undefined, e: CheckedEvent): { change: CheckChange; write?: CheckValue } {
   if (kept === undefined) return { change: "first", write: valueOf(e, e.at) };
@@ -74,7 +75,8 @@ export function decideCheck(kept: CheckValue | undefined, e: CheckedEvent): { ch
   if (order > 0) {
     return e.ok === kept.ok ? { change: "continued", write: valueOf(e, kept.since) } : { change: "changed", write: valueOf(e, e.at) };
   }
-  if (order === 0) return !e.ok && kept.ok ? { change: "changed", write: valueOf(e, e.at) } : { change: "older" };
+  if (order === 0 && !e.ok && kept.ok) return { change: "changed", write: valueOf(e, e.at) };
+  // Of the other result, at or before the kept `at` and after its streak began: the streak was cut then.
   if (e.ok !== kept.ok && compareTimes(e.at, kept.since) > 0 && compareTimes(kept.since, kept.at) < 0) {
     return { change: "restarted", write: { ...kept, since: kept.at } };
   }
