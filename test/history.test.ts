@@ -115,4 +115,18 @@ describe("what=history", () => {
     expect(answer.status).toBe(200);
     expect(((await answer.json()) as Page).entries.map((e) => e.seq)).toEqual([seqs[1]]);
   });
+
+  // Last: it adds an event the others do not expect.
+  it("says an event stamped more than 5 minutes ahead of its stored time refused, as the follower refuses it", async () => {
+    const ahead = new Date(Date.now() + 2 * 3600_000).toISOString();
+    await publish("keycloak", "failing", { machine: "elm", consumer: "grafana", word: "invalid_client", at: ahead });
+    const page = await ask({ provider: "keycloak", limit: 1 });
+    expect(page.entries).toEqual([]);
+    expect(page.outOfShape).toEqual([
+      {
+        key: String(seqs.at(-1)),
+        reason: expect.stringMatching(/^keycloak\.provisioner\.failing: at: .* is 120 minutes ahead of the server's time of the event/),
+      },
+    ]);
+  });
 });

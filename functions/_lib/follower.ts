@@ -78,12 +78,15 @@ export const MAX_AHEAD_MS = 5 * 60 * 1000;
  * alone, so a refusal is about the sender's clock, never the set's.
  */
 export function notAhead(at: string, storedAt: Date): void {
+  const why = aheadOf(at, storedAt);
+  if (why !== undefined) throw badInput(why);
+}
+
+/** Why an event stamped `at` and stored at `storedAt` is refused as ahead ({@link notAhead}), or nothing. */
+export function aheadOf(at: string, storedAt: Date): string | undefined {
   const ahead = Date.parse(at) - storedAt.getTime();
-  if (ahead > MAX_AHEAD_MS) {
-    throw badInput(
-      `at: ${at} is ${Math.round(ahead / 60_000)} minutes ahead of the server's time of the event; is the provider's clock right?`,
-    );
-  }
+  if (ahead <= MAX_AHEAD_MS) return undefined;
+  return `at: ${at} is ${Math.round(ahead / 60_000)} minutes ahead of the server's time of the event; is the provider's clock right?`;
 }
 
 /**

@@ -7,6 +7,7 @@ import { z } from "zod";
 import { formatIssues, type ReadStream, type StreamMessage } from "../../runtime/index.ts";
 import { failingEvent, recoveredEvent, rotatedEvent } from "../../contract/events.ts";
 import { TOKEN } from "../../contract/keys.ts";
+import { aheadOf } from "./follower.ts";
 
 /** The `what` of the events' history (docs/failing.md §5.8). */
 export const HISTORY = "history";
@@ -75,6 +76,9 @@ export function historyItemOf(message: StreamMessage): HistoryItem {
   const parsed = schemas[event].safeParse(value);
   if (!parsed.success) return refused(`not a ${event} event: ${formatIssues(parsed.error.issues)}`);
   const said = parsed.data as { machine?: string; consumer?: string; word?: string; provision?: string; revision?: string; at: string };
+  // Refused by the follower too (docs/failing.md §5.3): never shown as what happened.
+  const ahead = aheadOf(said.at, message.time);
+  if (ahead !== undefined) return refused(ahead);
   return {
     entry: {
       key,
