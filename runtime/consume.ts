@@ -87,6 +87,8 @@ export interface Shared {
   readonly live: Set<ConsumerMessages>;
   /** Durables found gone, not made again yet, by name: why the binding cannot serve. */
   readonly gone: Map<string, string>;
+  /** Asserts the binding's streams again, as at the start (one deleted behind the set is made again), and tells each durable of them; callers meanwhile share one. */
+  reassert(): Promise<void>;
 }
 
 /** A durable consumer followed: the stream's name in the config and on the server, and the durable's name. */
@@ -306,7 +308,12 @@ export function followDurable<F>(
           created = info.created;
           break;
         } catch (err) {
-          log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
+          if (errCode(err) === STREAM_NOT_FOUND) {
+            // Deleted behind the set: made again as at the start, then the durable from its first message.
+            shared.gone.set(durable, `stream ${stream} does not exist: making it again, then durable consumer ${durable}`);
+            log.warn({ stream, durable }, "stream gone; making it again");
+            await shared.reassert().catch((e: unknown) => log.warn({ stream, err: reasonOf(e) }, "stream not made again"));
+          } else log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
           await new Promise((r) => setTimeout(r, 1000));
         }
       }

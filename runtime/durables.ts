@@ -149,7 +149,13 @@ export function watchStreams(
       await Promise.all(
         held.map(async ({ name, stream, durable }) => {
           const { ackWaitSeconds } = config.streams[name]!;
-          const info = await jsm.streams.info(stream).catch(() => undefined);
+          const info = await jsm.streams.info(stream).catch((err: unknown) => {
+            // Gone behind the set (`nats stream rm`): said, until its trigger makes it again.
+            if (errCode(err) === STREAM_NOT_FOUND && use[name] !== undefined) {
+              use[name] = { ...use[name], missing: `stream ${stream} does not exist on the server: nothing is recorded in it` };
+            }
+            return undefined;
+          });
           if (info === undefined) return;
           const c = await jsm.consumers.info(stream, durable).catch(() => undefined);
           // Read after the stream's info: a stream made anew between the two gives a floor lower than its own.
@@ -167,6 +173,7 @@ export function watchStreams(
             messages: info.state.messages,
             ackWaitSeconds,
             consumers,
+            missing: null,
           };
         }),
       );

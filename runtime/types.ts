@@ -181,6 +181,8 @@ export interface StreamUse {
   readonly ackWaitSeconds: number;
   /** Its durable consumers: messages not delivered yet, and delivered but not acknowledged yet. */
   readonly consumers: readonly { readonly durable: string; readonly pending: number; readonly unacknowledged: number }[];
+  /** That the server has no such stream, as last asked (nothing is recorded in it meanwhile; the other figures are its last); `null` while it has. */
+  readonly missing: string | null;
 }
 
 /**

@@ -266,6 +266,46 @@ describe("a durable made again, then the server back with an empty store", () =>
   }, 90_000);
 });
 
+describe("the events stream deleted behind the set (`nats stream rm`)", () => {
+  it("is made again, the durable with it, and events published after it are followed", async () => {
+    // The seat may delete streams here: the test deletes it as an operator would.
+    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+    const lines: { msg: string }[] = [];
+    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const running = await start({ config: bus.config, log });
+    const EVENTS = "mesh-provisioner_events";
+    try {
+      const seat = await bus.connect();
+      const keycloak = (await bus.connect("keycloak")).jetstream();
+      const failing = (consumer: string) =>
+        keycloak.publish(
+          "keycloak.provisioner.failing",
+          JSON.stringify({ machine: "alder", consumer, word: "down", at: new Date().toISOString() }),
+        );
+      const followed = (consumer: string) => async () =>
+        (await request(seat, STATUS, { consumer }).catch(() => undefined))?.body.failing?.length === 1;
+      await failing("before");
+      await until(followed("before"), 10_000, "the event before followed");
+      const jsm = await seat.jetstreamManager();
+      await jsm.streams.delete(EVENTS);
+      await until(async () => (await jsm.streams.info(EVENTS).catch(() => undefined)) !== undefined, 15_000, "the stream made again");
+      await until(
+        async () =>
+          (await failing("after")
+            .then(() => true)
+            .catch(() => false)) && (await followed("after")()),
+        15_000,
+        "followed after",
+      );
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
+      expect(lines.map((l) => l.msg)).toContain("stream gone; making it again");
+    } finally {
+      await running.stop();
+      await bus.stop();
+    }
+  }, 60_000);
+});
+
 describe("a hung server (SIGSTOP)", () => {
   it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
     const hung = await testBus();

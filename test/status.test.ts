@@ -1,6 +1,6 @@
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { STATUS, type Status } from "../functions/_lib/status.ts";
+import { eventsOf, STATUS, type Status } from "../functions/_lib/status.ts";
 import { failingFor } from "../cli/ask.ts";
 import { formatStatus } from "../cli/status.ts";
 import type { Running } from "../runtime/index.ts";
@@ -49,6 +49,29 @@ describe("status at its limits", () => {
     expect(reply.body).toMatchObject({ rejectedEvents: 0, registry: { compiledAt: null } });
     await (await bus.connect("keycloak")).jetstream().publish("keycloak.provisioner.failing", "not json");
     await until(async () => (await request(seat, STATUS, { provider: "p" })).body.rejectedEvents === 1);
+  });
+});
+
+describe("what status says of the events (docs/failing.md §5.6)", () => {
+  it("says the mesh cannot record events while its stream does not exist, in the runtime's words", () => {
+    const missing = "stream mesh-provisioner_events does not exist on the server: nothing is recorded in it";
+    const events = eventsOf({
+      checkedAt: "2026-11-29T15:12:29.000Z",
+      refusing: null,
+      account: null,
+      streams: {
+        events: {
+          stream: "mesh-provisioner_events",
+          bytes: 2048,
+          maxBytes: null,
+          messages: 12,
+          ackWaitSeconds: 30,
+          consumers: [{ durable: "mesh-provisioner-events", pending: 0, unacknowledged: 0 }],
+          missing,
+        },
+      },
+    });
+    expect(events).toMatchObject({ recording: false, reason: missing });
   });
 });
 

@@ -130,8 +130,8 @@ export function eventsOf(store: StoreUse): Events {
   const stream = store.streams[EVENTS_STREAM];
   const most = (pick: (c: { pending: number; unacknowledged: number }) => number) => Math.max(0, ...(stream?.consumers ?? []).map(pick));
   return {
-    recording: store.refusing === null,
-    reason: store.refusing,
+    recording: store.refusing === null && !stream?.missing,
+    reason: store.refusing ?? stream?.missing ?? null,
     checkedAt: store.checkedAt,
     stream:
       stream === undefined ? null : { name: stream.stream, bytes: stream.bytes, maxBytes: stream.maxBytes, messages: stream.messages },

@@ -122,7 +122,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
    * is acknowledged at its `UNMATCHED_DELIVERIES`th delivery. Without a stream: a
    * subscription in the seat's queue group (what is published while the set is down is lost).
    * A durable found gone is made again from where this replica was, or from its stream's first
-   * message when the stream was made anew (`streamChanged`; docs/runtime.md §6.3.2).
+   * message when the stream was made anew (`streamChanged`; docs/runtime.md §6.3.2); a stream
+   * found gone is made again first.
    * Throws naming the stream or durable the server refuses, or does not answer for
    * {@link ASSERT_RETRY_MS} (docs/buckets.md §2.4).
    */
@@ -143,7 +144,13 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     /** Durables found gone, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
-    const shared: Shared = { jsm, stopping: () => stopping, live, gone };
+    let reasserting: Promise<void> | undefined;
+    const reassert = () =>
+      (reasserting ??= (async () => {
+        const streams = await assertStreams(jsm, config, streamSubjects(targets), log);
+        for (const check of reasserted) check(streams);
+      })().finally(() => (reasserting = undefined)));
+    const shared: Shared = { jsm, stopping: () => stopping, live, gone, reassert };
     for (const { fn, trigger } of targets) {
       if (trigger.stream !== undefined) continue;
       subscriptions.push(
@@ -173,10 +180,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     const use = watchStreams(nc, config, durables(targets, config), (durable, of, read) => floorsOf.get(durable)?.(of, read));
     return {
       notReady: () => [...gone.values()],
-      reconnected: async () => {
-        const streams = await assertStreams(jsm, config, streamSubjects(targets), log);
-        for (const check of reasserted) check(streams);
-      },
+      reconnected: reassert,
       streams: use.streams,
       stop: async () => {
         stopping = true;
