@@ -14,10 +14,17 @@ const ALERTMANAGER = "http://alertmanager.test:9093";
 /** What the stand-in Alertmanager was sent, and how it answers for now. */
 const received: PostableAlert[][] = [];
 let answer = 200;
+/** The alerts it lists as held (`GET /api/v2/alerts`), in its API's shape, and the filters it was asked with. */
+let held: Record<string, unknown>[] = [];
+const filters: string[] = [];
 const alertmanager = setupServer(
   http.post(`${ALERTMANAGER}/api/v2/alerts`, async ({ request }) => {
     received.push((await request.json()) as PostableAlert[]);
     return answer === 200 ? HttpResponse.json({}) : HttpResponse.text("down for maintenance", { status: answer });
+  }),
+  http.get(`${ALERTMANAGER}/api/v2/alerts`, ({ request }) => {
+    filters.push(...new URL(request.url).searchParams.getAll("filter"));
+    return answer === 200 ? HttpResponse.json(held) : HttpResponse.text("down for maintenance", { status: answer });
   }),
 );
 
@@ -48,6 +55,9 @@ const emit = (kind: "failing" | "recovered", event: Record<string, string>) =>
   keycloak.jetstream().publish(`keycloak.provisioner.${kind}`, JSON.stringify(event));
 
 const failingOf = async (machine: string) => (await request(seat, STATUS, { machine })).body.failing as unknown[];
+
+const sameLabels = (a: Record<string, string>, b: Record<string, string>) =>
+  JSON.stringify(Object.entries(a).sort()) === JSON.stringify(Object.entries(b).sort());
 
 /** The alerts sent for one machine, newest sending last. */
 const sentFor = (machine: string) => received.flat().filter((a) => a.labels.machine === machine);
@@ -104,6 +114,54 @@ describe("Alertmanager", () => {
     const sent = dogwood().length;
     await invoke(set.runner, alerts);
     expect(dogwood()).toHaveLength(sent);
+  });
+
+  it("resolves what Alertmanager holds of an earlier process that no longer fires, and leaves what still fires (docs/monitoring.md §17.3)", async () => {
+    const presence = await bus.kv("presence", "cedar");
+    await presence.put("cedar", JSON.stringify({ everySeconds: 600 }));
+    // Raised by a process before this one: oak unreachable, cedar unreachable (now reachable), zot not well (a label set that never fires here).
+    const gettable = (labels: Record<string, string>) => ({
+      labels,
+      annotations: { summary: "raised before" },
+      startsAt: "2026-12-01T10:00:00.000Z",
+      endsAt: "2026-12-01T10:05:00.000Z",
+      updatedAt: "2026-12-01T10:00:30.000Z",
+      fingerprint: "f00",
+      receivers: [{ name: "default" }],
+      status: { state: "active", silencedBy: [], inhibitedBy: [] },
+    });
+    held = [
+      gettable({ alertname: "NodeUnreachable", node: "oak" }),
+      gettable({ node: "cedar", alertname: "NodeUnreachable" }),
+      gettable({ alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "pending", condition: "Late" }),
+    ];
+    try {
+      const before = Date.now();
+      await invoke(set.runner, alerts);
+      const resolved = received.at(-1)!.filter((a) => a.endsAt !== undefined && a.annotations.summary === "raised before");
+      expect(resolved.map((a) => a.labels)).toEqual([
+        { alertname: "NodeUnreachable", node: "oak" },
+        { node: "cedar", alertname: "NodeUnreachable" },
+        { alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "pending", condition: "Late" },
+      ]);
+      for (const a of resolved) expect(Date.parse(a.endsAt!)).toBeGreaterThanOrEqual(before - 1000);
+      expect(filters.at(-1)).toBe('alertname=~"^(ProvisioningNotWell|ProvisioningStale|NodeUnreachable|ProvisioningCheckFailing)$"');
+      // One that still fires is held and sent as firing, never resolved.
+      await (await bus.kv("assignments", "mesh-controller")).put("cedar.kept", "{}");
+      await (await bus.kv("applied", "cedar")).put("cedar.kept", JSON.stringify({ error: "still failing" }));
+      const labels = { alertname: "ProvisioningNotWell", node: "cedar", module: "kept", state: "failed", condition: "none" };
+      held = [gettable(labels)];
+      await invoke(set.runner, alerts);
+      expect(
+        received
+          .at(-1)!
+          .filter((a) => sameLabels(a.labels, labels))
+          .map((a) => a.endsAt),
+      ).toEqual([undefined]);
+    } finally {
+      held = [];
+      await (await bus.kv("applied", "cedar")).put("cedar.kept", "{}");
+    }
   });
 
   it("raises a failing check as ProvisioningCheckFailing, and resolves it once the check is ok (docs/presence.md §16.5)", async () => {

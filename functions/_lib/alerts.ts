@@ -7,7 +7,6 @@ import type { StaleHolder } from "./rotation.ts";
 import type { ModuleState } from "./state.ts";
 import type { Check } from "./checks.ts";
 import { DEFAULT_CHECK_REASON } from "../../contract/events.ts";
-import { sameJson } from "./text.ts";
 
 /** The alert name every failing triple is raised under. */
 export const ALERTNAME = "ProvisioningFailing";
@@ -82,14 +81,7 @@ export function alertsOf(records: readonly KeyRecord[], now: Date): PostableAler
  * A 4xx answer is not retried. Throws the last error when every attempt failed.
  */
 export async function postAlerts(config: AlertsConfig & { alertmanager: string }, alerts: readonly PostableAlert[]): Promise<void> {
-  const url = new URL("api/v2/alerts", config.alertmanager.endsWith("/") ? config.alertmanager : `${config.alertmanager}/`);
-  // fetch takes no credentials in a URL: they go in a Basic header, and out of every message.
-  const headers: Record<string, string> = { "content-type": "application/json" };
-  if (url.username !== "") {
-    headers.authorization = `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString("base64")}`;
-  }
-  url.username = "";
-  url.password = "";
+  const { url, headers } = endpoint(config.alertmanager);
   await pRetry(
     async () => {
       const response = await fetch(url, {
@@ -203,21 +195,62 @@ export function checkAlerts(failing: readonly Check[], now: Date): Map<string, P
 }
 
 /**
- * What to send of `firing` (by key) given what was `raised` before: every firing alert, and a
- * resolved one (`endsAt` now) for each raised alert that no longer fires, or fires under other
- * labels. Returns the alerts and what is raised after them, to hand to the next call.
+ * What to send of `firing` (by key) given what was `raised` before by this process and what
+ * Alertmanager still `held` ({@link heldAlerts}): every firing alert, and a resolved one (`endsAt`
+ * now) for each raised or held alert whose labels no longer fire. Returns the alerts and what is
+ * raised after them, to hand to the next call.
  */
 export function raisedAlerts(
   firing: ReadonlyMap<string, PostableAlert>,
   raised: ReadonlyMap<string, PostableAlert>,
   now: Date,
+  held: readonly PostableAlert[] = [],
 ): { alerts: PostableAlert[]; raised: Map<string, PostableAlert> } {
-  const resolved: PostableAlert[] = [];
-  for (const [key, alert] of raised) {
-    const current = firing.get(key);
-    if (current === undefined || !sameJson(current.labels, alert.labels)) {
-      resolved.push({ ...alert, endsAt: now.toISOString() });
-    }
+  const fires = new Set([...firing.values()].map((a) => labelsKey(a.labels)));
+  const resolved = new Map<string, PostableAlert>();
+  for (const alert of [...raised.values(), ...held]) {
+    const id = labelsKey(alert.labels);
+    if (fires.has(id) || resolved.has(id)) continue;
+    resolved.set(id, { labels: alert.labels, annotations: alert.annotations, startsAt: alert.startsAt, endsAt: now.toISOString() });
   }
-  return { alerts: [...firing.values(), ...resolved], raised: new Map(firing) };
+  return { alerts: [...firing.values(), ...resolved.values()], raised: new Map(firing) };
+}
+
+/** One alert's identity, as Alertmanager's: its labels, in any order. */
+const labelsKey = (labels: Readonly<Record<string, string>>) => JSON.stringify(Object.entries(labels).sort(([a], [b]) => (a < b ? -1 : 1)));
+
+/** An alert as Alertmanager's API v2 lists it (`GET /api/v2/alerts`): what resolving it takes. */
+const gettableAlerts = z.array(
+  z.object({ labels: z.record(z.string(), z.string()), annotations: z.record(z.string(), z.string()).default({}), startsAt: z.string() }),
+);
+
+/**
+ * The alerts named `names` that Alertmanager at `config.alertmanager` holds unresolved (`GET
+ * /api/v2/alerts`, silenced and inhibited ones included), within one `timeoutMs`: what an earlier
+ * process or another replica raised, for {@link raisedAlerts} to resolve once they no longer
+ * fire. Throws naming Alertmanager when it cannot be asked or answers something else.
+ */
+export async function heldAlerts(config: AlertsConfig & { alertmanager: string }, names: readonly string[]): Promise<PostableAlert[]> {
+  const { url, headers } = endpoint(config.alertmanager);
+  url.searchParams.append("filter", `alertname=~"^(${names.join("|")})$"`);
+  const response = await fetch(url, { headers, signal: AbortSignal.timeout(config.timeoutMs) }).catch((err: Error & { cause?: Error }) => {
+    throw new Error(`Alertmanager at ${url.origin} cannot be reached: ${err.cause?.message ?? err.message}`);
+  });
+  if (!response.ok) throw new Error(`Alertmanager at ${url.origin} answered ${response.status} to the list of its alerts`);
+  const listed = gettableAlerts.safeParse(await response.json().catch(() => undefined));
+  if (!listed.success) throw new Error(`Alertmanager at ${url.origin} listed its alerts in another shape than its API v2`);
+  return listed.data;
+}
+
+/** `<alertmanager>/api/v2/alerts`, with a user and password of the URL moved to a Basic authorization header. */
+function endpoint(alertmanager: string): { url: URL; headers: Record<string, string> } {
+  const url = new URL("api/v2/alerts", alertmanager.endsWith("/") ? alertmanager : `${alertmanager}/`);
+  // fetch takes no credentials in a URL: they go in a Basic header, and out of every message.
+  const headers: Record<string, string> = { "content-type": "application/json" };
+  if (url.username !== "") {
+    headers.authorization = `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString("base64")}`;
+  }
+  url.username = "";
+  url.password = "";
+  return { url, headers };
 }
