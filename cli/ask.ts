@@ -47,17 +47,25 @@ export function askOnce<W extends string>(nc: NatsConnection, request: AskReques
   return askVerb<AnswerOf<W & Asked>>(nc, VERB, request);
 }
 
-/** Asks every page of a request (following `next`) and returns them as one answer. */
+/**
+ * Asks every page of a request (following `next`) and returns them as one answer. Read `stale`,
+ * its `confirmedAt` is the oldest of its pages' (`null` when one was never confirmed): each page
+ * holds what was acknowledged before its own time only (docs/verb.md §4.6.1).
+ */
 export async function askAll<W extends string>(nc: NatsConnection, request: AskRequest<W>): Promise<AnswerOf<W & Asked>> {
   let page = await askOnce(nc, request);
   const entries = [...page.entries];
   const outOfShape = [...page.outOfShape];
+  let confirmedAt = page.confirmedAt;
   while (page.next !== undefined) {
     page = await askOnce(nc, { ...request, cursor: page.next });
     entries.push(...page.entries);
     outOfShape.push(...page.outOfShape);
+    if (confirmedAt !== undefined && confirmedAt !== null && page.confirmedAt !== undefined) {
+      confirmedAt = page.confirmedAt === null || Date.parse(page.confirmedAt) < Date.parse(confirmedAt) ? page.confirmedAt : confirmedAt;
+    }
   }
-  return { what: page.what, entries, outOfShape, ...(page.confirmedAt !== undefined ? { confirmedAt: page.confirmedAt } : {}) };
+  return { what: page.what, entries, outOfShape, ...(confirmedAt !== undefined ? { confirmedAt } : {}) };
 }
 
 /** The help of the `what` argument: every `what`, `registry, needs, applied, collect or state`. */
