@@ -313,8 +313,22 @@ describe("paging, HTTP and freshness", () => {
     const response = await fetch(`${set.httpUrl}/provisioning?what=needs&node=${encodeURIComponent("n1.>")}`);
     expect(response.status).toBe(400);
     expect(await response.json()).toEqual({ error: { code: 400, message: expect.stringContaining("node: must be one token") } });
-    const twice = await fetch(`${set.httpUrl}/provisioning?what=needs&node=alder&node=birch`);
-    expect(twice.status).toBe(400);
+    // A parameter given twice is said so, whichever: never as a value of another type.
+    const twiceSaid = "must be one value, not a list (a query parameter given more than once)";
+    for (const [path, field] of [
+      ["/provisioning?what=needs&node=alder&node=birch", "node"],
+      ["/provisioning?what=needs&what=needs", "what"],
+      ["/provisioning?what=needs&limit=5&limit=5", "limit"],
+      ["/status?provider=keycloak&provider=keycloak", "provider"],
+      ["/page.json?node=alder&node=alder", "node"],
+    ]) {
+      const twice = await fetch(`${set.httpUrl}${path}`);
+      expect([path, twice.status, ((await twice.json()) as { error: { message: string } }).error.message]).toEqual([
+        path,
+        400,
+        `${field}: ${twiceSaid}`,
+      ]);
+    }
     const missing = await fetch(`${set.httpUrl}/nowhere`);
     expect(missing.status).toBe(404);
     expect(await missing.json()).toEqual({ error: { code: 404, message: "no function at GET /nowhere" } });

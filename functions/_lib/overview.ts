@@ -9,6 +9,7 @@ import type { Failing } from "./follower.ts";
 import { historyOf, type HistoryItem } from "./history.ts";
 import { decodeKey, token } from "../../contract/keys.ts";
 import type { StaleHolder } from "./rotation.ts";
+import { oneValueEach } from "./verb/fields.ts";
 import {
   countsAgainstAt,
   modulesOf,
@@ -36,16 +37,19 @@ const joined = (count: number, names: string) =>
  * details are open, the triple whose timeline is shown; an empty one is absent. Any other field
  * is refused, naming it.
  */
-export const pageQuery = z.preprocess(
-  // A filter the form sends empty (its "all") is no filter.
-  (query) => (typeof query === "object" && query !== null ? Object.fromEntries(Object.entries(query).filter(([, v]) => v !== "")) : query),
-  z.strictObject({
-    node: z.optional(token),
-    module: z.optional(token),
-    provider: z.optional(token),
-    open: joined(2, "<node>.<module>").optional(),
-    triple: joined(3, "<provider>.<machine>.<consumer>").optional(),
-  }),
+export const pageQuery = oneValueEach(
+  z.preprocess(
+    // A filter the form sends empty (its "all") is no filter.
+    (query) =>
+      typeof query === "object" && query !== null ? Object.fromEntries(Object.entries(query).filter(([, v]) => v !== "")) : query,
+    z.strictObject({
+      node: z.optional(token),
+      module: z.optional(token),
+      provider: z.optional(token),
+      open: joined(2, "<node>.<module>").optional(),
+      triple: joined(3, "<provider>.<machine>.<consumer>").optional(),
+    }),
+  ),
 );
 export type PageQuery = z.output<typeof pageQuery>;
 

@@ -8,7 +8,7 @@
 import { z } from "zod";
 import type { Entry, JsonText } from "../../runtime/index.ts";
 import { filtersFor } from "../../contract/keys.ts";
-import { NARROWINGS, NARROWING_FIELDS, narrowingSchemas, pagingSchemas, type Narrowing } from "./verb/fields.ts";
+import { NARROWINGS, NARROWING_FIELDS, narrowingSchemas, oneValueEach, pagingSchemas, type Narrowing } from "./verb/fields.ts";
 import { WHAT_TABLE } from "./verb/whats.ts";
 import type { VerbContext, WhatEntry } from "./verb/answerer.ts";
 import { cursorAfterKey, cursorsFor, type Cursors, type Identity } from "./verb/cursors.ts";
@@ -72,28 +72,30 @@ function doesNotApply(field: string, what: Asked): string {
  * `what`, a required one missing, or a narrowing that is not one token (a collection: a
  * non-empty name) is refused, naming the field.
  */
-export const provisioningRequest = z
-  .strictObject({
-    what: z.enum(ASKED).default(DEFAULT_WHAT),
-    ...narrowingSchemas,
-    ...(OWN_FIELDS as { [K in keyof UnionToFields<OwnFields>]: UnionToFields<OwnFields>[K] }),
-    ...pagingSchemas,
-  })
-  .superRefine((request, ctx) => {
-    const { what } = request;
-    const applies = fieldsOf(what);
-    const given = (field: string) => (request as Record<string, unknown>)[field] !== undefined;
-    for (const field of NARROWINGS) {
-      if (given(field) && !applies.includes(field)) ctx.addIssue({ code: "custom", path: [field], message: doesNotApply(field, what) });
-    }
-    const { required } = TABLE[what];
-    if (required !== undefined && !given(required.field)) {
-      ctx.addIssue({ code: "custom", path: [required.field], message: `is required with what=${what}: ${required.why}` });
-    }
-    for (const field of OWN_FIELD_NAMES) {
-      if (given(field) && !applies.includes(field)) ctx.addIssue({ code: "custom", path: [field], message: doesNotApply(field, what) });
-    }
-  });
+export const provisioningRequest = oneValueEach(
+  z
+    .strictObject({
+      what: z.enum(ASKED).default(DEFAULT_WHAT),
+      ...narrowingSchemas,
+      ...(OWN_FIELDS as { [K in keyof UnionToFields<OwnFields>]: UnionToFields<OwnFields>[K] }),
+      ...pagingSchemas,
+    })
+    .superRefine((request, ctx) => {
+      const { what } = request;
+      const applies = fieldsOf(what);
+      const given = (field: string) => (request as Record<string, unknown>)[field] !== undefined;
+      for (const field of NARROWINGS) {
+        if (given(field) && !applies.includes(field)) ctx.addIssue({ code: "custom", path: [field], message: doesNotApply(field, what) });
+      }
+      const { required } = TABLE[what];
+      if (required !== undefined && !given(required.field)) {
+        ctx.addIssue({ code: "custom", path: [required.field], message: `is required with what=${what}: ${required.why}` });
+      }
+      for (const field of OWN_FIELD_NAMES) {
+        if (given(field) && !applies.includes(field)) ctx.addIssue({ code: "custom", path: [field], message: doesNotApply(field, what) });
+      }
+    }),
+);
 
 type UnionToFields<U> = (U extends unknown ? (u: U) => void : never) extends (i: infer I) => void ? I : never;
 

@@ -4,6 +4,7 @@ import { EVENTS_STREAM, failingOf, type Failing } from "./follower.ts";
 import { filtersFor, token } from "../../contract/keys.ts";
 import { HEADROOM } from "./provisioning.ts";
 import type { StaleHolder } from "./rotation.ts";
+import { oneValueEach } from "./verb/fields.ts";
 import {
   PRESENCES,
   provisioningSchema,
@@ -21,11 +22,13 @@ export const STATUS = "mesh-provisioner.status";
 export const COMPILE_FUNCTION = "registry-compile";
 
 /** The narrowing of status: each a token, like the verb's (docs/verb.md §4). */
-export const statusRequest = z.strictObject({
-  provider: z.optional(token),
-  machine: z.optional(token),
-  consumer: z.optional(token),
-});
+export const statusRequest = oneValueEach(
+  z.strictObject({
+    provider: z.optional(token),
+    machine: z.optional(token),
+    consumer: z.optional(token),
+  }),
+);
 export type StatusRequest = z.output<typeof statusRequest>;
 
 /** The status answer (docs/failing.md §5). */

@@ -43,6 +43,27 @@ export const flag = z.union([z.boolean(), z.enum(["true", "false"]).transform((t
   error: "must be true or false",
 });
 
+/**
+ * `schema` with a field given as a list refused first, naming it: a query parameter given more
+ * than once arrives as one (docs/verb.md §4.8), and is said so rather than as a value of another type.
+ */
+export const oneValueEach = <T extends z.ZodType>(schema: T) =>
+  z.preprocess((request, ctx) => {
+    if (typeof request === "object" && request !== null && !Array.isArray(request)) {
+      for (const [field, value] of Object.entries(request)) {
+        if (Array.isArray(value)) {
+          ctx.issues.push({
+            code: "custom",
+            path: [field],
+            input: value,
+            message: "must be one value, not a list (a query parameter given more than once)",
+          });
+        }
+      }
+    }
+    return request;
+  }, schema);
+
 /** The fields after the narrowings and each `what`'s own: paging and freshness. */
 export const pagingSchemas = {
   limit: count.default(DEFAULT_LIMIT),
