@@ -37,6 +37,25 @@ async function httpInput(c: HonoContext): Promise<RawInput> {
   return { data: new Uint8Array(await c.req.arrayBuffer()) };
 }
 
+/**
+ * Why the query of `url` cannot be read, or nothing: a name or value whose percent-encoding is
+ * not UTF-8 (`%FF`, a lone surrogate `%ED%A0%80`, a `%` not followed by two hex digits). Hono
+ * hands such text on undecoded, where it would be read as the literal characters.
+ */
+function malformedQuery(url: string): string | undefined {
+  const start = url.indexOf("?");
+  if (start < 0) return undefined;
+  for (const part of url.slice(start + 1).split("&")) {
+    try {
+      decodeURIComponent(part.replaceAll("+", " "));
+    } catch {
+      const name = part.split("=")[0]!;
+      return `the query parameter ${/^[\w.-]{1,64}$/.test(name) ? name : "given"} is not percent-encoded UTF-8: ${JSON.stringify(part.slice(0, 100))}`;
+    }
+  }
+  return undefined;
+}
+
 /** A fresh header object per answer: Hono keeps and changes the one it is given. */
 const jsonType = () => ({ "content-type": "application/json" });
 const htmlType = () => ({ "content-type": "text/html; charset=utf-8" });
@@ -87,6 +106,8 @@ export function httpApp<F>(targets: readonly { readonly fn: F; readonly trigger:
   for (const { fn, trigger } of targets) {
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
+      const malformed = malformedQuery(c.req.url);
+      if (malformed !== undefined) return c.body(errorBody(400, malformed), 400, jsonType());
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
       if (outcome.ok && outcome.value instanceof HtmlText) return c.body(outcome.value.text, (outcome.status ?? 200) as 200, htmlType());
       if (outcome.ok) return c.body(outcome.text ?? jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());

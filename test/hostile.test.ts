@@ -142,6 +142,19 @@ describe("hostile input, as an attacker would send it", () => {
     }
   });
 
+  it("refuses a query whose percent-encoding is not UTF-8, never reading it as the literal text", async () => {
+    for (const raw of ["what=collect&collection=%FF", "what=collect&collection=%ED%A0%80", "what=needs&node=%", "what=needs&%FF=x"]) {
+      const response = await fetch(`${set.httpUrl}/provisioning?${raw}`);
+      expect([raw, response.status]).toEqual([raw, 400]);
+      expect(((await response.json()) as { error: { message: string } }).error.message).toMatch(
+        /^the query parameter \S+ is not percent-encoded UTF-8: /,
+      );
+    }
+    // Well-formed, the same names are read: é is %C3%A9.
+    expect((await fetch(`${set.httpUrl}/provisioning?what=collect&collection=%C3%A9`)).status).toBe(200);
+    await stillServes();
+  });
+
   it("reads a value written with a KV-Operation other than DEL or PURGE as a value, as nats.js does: never dropped", async () => {
     const js = node.jetstream();
     for (const [key, operation] of [
