@@ -63,6 +63,18 @@ describe("holders and a rotation", () => {
       ["birch.gitea.bound.keycloak/issuer", null, false],
     ]);
     expect((await ask({ what: "holders", provision: "keycloak", node: "birch" })).entries).toHaveLength(1);
+    // Read stale: from the views as held, with since when they are known current, asking the server nothing (docs/verb.md §4.6.1).
+    process.kill(bus.server.pid, "SIGSTOP");
+    try {
+      for (const path of ["/provisioning?what=holders&provision=keycloak&stale=true", "/provisioning?what=rotations&stale=true"]) {
+        const response = await fetch(`${set.httpUrl}${path}`, { signal: AbortSignal.timeout(10_000) });
+        const body = (await response.json()) as { entries: { key: string }[]; confirmedAt?: string | null };
+        expect([path, response.status, typeof body.confirmedAt]).toEqual([path, 200, "string"]);
+        if (path.includes("holders")) expect(body.entries.map((h) => h.key)).toEqual(holders.map((h) => h.key));
+      }
+    } finally {
+      process.kill(bus.server.pid, "SIGCONT");
+    }
     const refused = await request(seat, VERB, { what: "holders" });
     expect([refused.errorCode, refused.errorText]).toEqual([
       400,

@@ -54,11 +54,10 @@ export async function readModel(
     ctx.config.rotation.graceSeconds,
     ctx.config.presence.ttlSeconds,
   );
-  const confirmedAt =
-    confirmations === undefined
-      ? undefined
-      : confirmations.includes(null)
-        ? null
-        : new Date(Math.min(...confirmations.map((d) => d!.getTime())));
-  return { inputs, model, confirmedAt };
+  return { inputs, model, confirmedAt: confirmations === undefined ? undefined : oldestConfirmed(confirmations) };
+}
+
+/** The oldest of views' last confirmations (docs/verb.md §4.6.1): `null` when one was never confirmed. */
+export function oldestConfirmed(confirmations: readonly (Date | null)[]): Date | null {
+  return confirmations.includes(null) ? null : new Date(Math.min(...confirmations.map((d) => d!.getTime())));
 }

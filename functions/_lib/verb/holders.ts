@@ -9,6 +9,7 @@ import { rotationsIn } from "../rotation-record.ts";
 import type { BaseRequest } from "./fields.ts";
 import type { PageItem, PageSource } from "./page.ts";
 import type { Asked } from "./answerer.ts";
+import { oldestConfirmed } from "../state/current.ts";
 
 /** A holder as `what=holders` answers it (docs/rotation.md §8.1). */
 export interface HolderEntry {
@@ -22,19 +23,22 @@ export interface HolderEntry {
   readonly stale: boolean;
 }
 
-/** The holders by provision, what each holds, and the kept rotations: what both `what`s are made of. */
-async function derived({ ctx }: Asked<BaseRequest>) {
-  const [needs, applied, rotationsSnapshot] = await Promise.all([
-    ctx.views.needs.snapshot(),
-    ctx.views.applied.snapshot(),
-    ctx.views.rotations.snapshot(),
-  ]);
+/**
+ * The holders by provision, what each holds, and the kept rotations: what both `what`s are made
+ * of; with `stale`, from the views as held, and since when all three are known current.
+ */
+async function derived({ ctx, request }: Asked<BaseRequest>) {
+  const views = [ctx.views.needs, ctx.views.applied, ctx.views.rotations] as const;
+  // Read before what the views hold: what they hold is at least as new.
+  const confirmedAt = request.stale ? oldestConfirmed(views.map((v) => v.confirmedAt())) : undefined;
+  const take = (v: (typeof views)[number]) => (request.stale ? v.localSnapshot() : v.snapshot());
+  const [needs, applied, rotationsSnapshot] = await Promise.all([take(views[0]), take(views[1]), take(views[2])]);
   const [byProvision, appliedByKey, { rotations, outOfShape }] = await Promise.all([
     holdersIndex(needs),
     appliedIndex(applied),
     rotationsIn(rotationsSnapshot.reads),
   ]);
-  return { byProvision, heldBy: heldIn(appliedByKey), rotations, outOfShape };
+  return { byProvision, heldBy: heldIn(appliedByKey), rotations, outOfShape, ...(confirmedAt === undefined ? {} : { confirmedAt }) };
 }
 
 /** Items sorted by key, those after the cursor's only. */
@@ -43,7 +47,7 @@ const after = (items: PageItem[], key: string | undefined) => (key === undefined
 /** The holders of the request's provision, narrowed by node and kind, each with what it holds and whether it is stale. */
 export async function holderItems(asked: Asked<BaseRequest>): Promise<PageSource> {
   const { request } = asked;
-  const { byProvision, heldBy, rotations } = await derived(asked);
+  const { byProvision, heldBy, rotations, confirmedAt } = await derived(asked);
   const provision = request.provision!;
   const ofProvision = rotations.filter((r) => r.provision === provision);
   const items = (byProvision.get(provision) ?? [])
@@ -59,13 +63,13 @@ export async function holderItems(asked: Asked<BaseRequest>): Promise<PageSource
       };
       return { key: h.key, text: JSON.stringify(entry) };
     });
-  return { items: after(items, asked.cursors.after) };
+  return { items: after(items, asked.cursors.after), ...(confirmedAt === undefined ? {} : { confirmedAt }) };
 }
 
 /** The kept rotations, narrowed by provider and provision, each with its holders counted; the records out of shape. */
 export async function rotationItems(asked: Asked<BaseRequest>): Promise<PageSource> {
   const { request } = asked;
-  const { byProvision, heldBy, rotations, outOfShape } = await derived(asked);
+  const { byProvision, heldBy, rotations, outOfShape, confirmedAt } = await derived(asked);
   const { states } = rotationStates(rotations, byProvision, heldBy);
   const items = states
     .filter(
@@ -74,5 +78,5 @@ export async function rotationItems(asked: Asked<BaseRequest>): Promise<PageSour
         (request.provision === undefined || r.provision === request.provision),
     )
     .map((r) => ({ key: r.key, text: JSON.stringify(r) }));
-  return { items: after(items, asked.cursors.after), outOfShape };
+  return { items: after(items, asked.cursors.after), outOfShape, ...(confirmedAt === undefined ? {} : { confirmedAt }) };
 }
