@@ -74,3 +74,38 @@ describe(`a needs bucket of ${KEYS} keys`, () => {
     expect(status.errorCode).toBeUndefined();
   });
 });
+
+describe("what=checks narrowed by ok", () => {
+  it("pages over many checks that do not pass it, each passing key once, in key order", async () => {
+    // 1,100 kept checks of node elm, failing at two of them far apart.
+    const checks = await bus.kv("checks");
+    const at = new Date().toISOString();
+    const failing = new Set([5, 1090]);
+    for (let start = 0; start < 1100; start += 100) {
+      await Promise.all(
+        Array.from({ length: 100 }, (_, i) => {
+          const n = start + i;
+          const ok = !failing.has(n);
+          const value = { ok, reason: ok ? null : "AuthFailed", message: null, revision: null, since: at, at };
+          return checks.put(`elm.m${String(n).padStart(4, "0")}.p`, JSON.stringify(value));
+        }),
+      );
+    }
+    const keys: string[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = (
+        await request(client, "mesh-provisioner.provisioning", {
+          what: "checks",
+          node: "elm",
+          ok: false,
+          limit: 1,
+          ...(cursor ? { cursor } : {}),
+        })
+      ).body as { entries: { key: string }[]; next?: string };
+      keys.push(...page.entries.map((e) => e.key));
+      cursor = page.next;
+    } while (cursor !== undefined);
+    expect(keys).toEqual(["elm.m0005.p", "elm.m1090.p"]);
+  });
+});

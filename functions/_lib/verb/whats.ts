@@ -70,6 +70,9 @@ function entryText(tracked: { base: { conditions: readonly unknown[] } }, at: Mo
   return (texts[at.presence] ??= JSON.stringify(at));
 }
 
+/** How many check keys a `what=checks` narrowed by `ok` reads at a time from its snapshot. */
+const CHECKS_CHUNK = 1024;
+
 /** Every `what` the verb answers, the first the default (docs/verb.md §4.1). */
 export const WHAT_TABLE = {
   registry: bucket("registry", ["kind"], ["kind", "module", "where"]),
@@ -141,14 +144,17 @@ export const WHAT_TABLE = {
       ),
     views: STATE_VIEWS,
     answer: async ({ request, narrowing, cursors, ctx }) => {
-      const { model, confirmedAt } = await readModel(ctx, { stale: request.stale });
+      const { inputs, model, confirmedAt } = await readModel(ctx, { stale: request.stale });
       const now = ctx.clock.now();
-      const reads = request.stale ? ctx.views.checks.local : ctx.views.checks;
+      // The snapshot the model was made of: proven current once, for every read below.
+      const reads = inputs.checks.reads;
       const filters = filtersFor("checks", narrowing as Partial<Fields<"checks">>);
-      // Read in pages until one more than the page holds passed `ok`, or the keys run out.
+      // Read in pages until one more than the page holds passed `ok`, or the keys run out; with
+      // `ok`, in larger pages, as most keys may not pass it.
+      const chunk = request.ok === undefined ? request.limit + 1 : Math.max(request.limit + 1, CHECKS_CHUNK);
       const items: PageItem[] = [];
       for (let after = cursors.after; items.length <= request.limit;) {
-        const reached = await reads.list(filters, { after, limit: request.limit + 1 });
+        const reached = await reads.list(filters, { after, limit: chunk });
         const { checks, outOfShape } = checksOf(reached);
         const found: PageItem[] = [
           ...checks
@@ -160,7 +166,7 @@ export const WHAT_TABLE = {
           ...outOfShape.map((o) => ({ key: o.key, text: JSON.stringify(o), outOfShape: true })),
         ];
         items.push(...found.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)));
-        if (reached.length <= request.limit) break;
+        if (reached.length < chunk) break;
         after = reached.at(-1)!.key;
       }
       return { items, confirmedAt };
