@@ -116,6 +116,29 @@ describe("what=history", () => {
     expect(((await answer.json()) as Page).entries.map((e) => e.seq)).toEqual([seqs[1]]);
   });
 
+  it("walks past many events of other subjects (the nodes' checks) to the providers' ones, missing none", async () => {
+    const walk = async () => {
+      const seen: string[] = [];
+      let cursor: string | undefined;
+      do {
+        const page = await ask({ limit: 2, ...(cursor === undefined ? {} : { cursor }) });
+        seen.push(...page.entries.map((e) => e.key), ...page.outOfShape.map((o) => `refused ${o.key}`));
+        cursor = page.next;
+      } while (cursor !== undefined);
+      return seen;
+    };
+    const before = await walk();
+    const alder = (await bus.connect("alder")).jetstream();
+    for (let i = 0; i < 300; i++) {
+      await alder.publish(
+        "mesh-provisioner.checked.alder",
+        JSON.stringify({ module: `m${i}`, provision: "p", ok: true, at: new Date().toISOString() }),
+      );
+    }
+    expect(await walk()).toEqual(before);
+    expect(before).toHaveLength(6);
+  });
+
   // Last: it adds an event the others do not expect.
   it("says an event stamped more than 5 minutes ahead of its stored time refused, as the follower refuses it", async () => {
     const ahead = new Date(Date.now() + 2 * 3600_000).toISOString();

@@ -131,7 +131,8 @@ export async function historyOf(
 ): Promise<HistoryItem[]> {
   const found: HistoryItem[] = [];
   if (options.count <= 0) return found;
-  for await (const message of stream.newest({ before: options.before, since: options.since })) {
+  // The provider's events only: the nodes' checks may be most of the stream.
+  for await (const message of stream.newest({ before: options.before, since: options.since, subject: "*.provisioner.*" })) {
     if (ELSEWHERE.test(message.subject)) continue;
     const item = historyItemOf(message);
     if (!reached(message, item, narrowing)) continue;
