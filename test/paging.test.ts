@@ -109,3 +109,28 @@ describe("what=checks narrowed by ok", () => {
     expect(keys).toEqual(["elm.m0005.p", "elm.m1090.p"]);
   });
 });
+
+describe("keys out of shape of an answer made of several views", () => {
+  it("are named over as many pages as they take, before the entries, each once", async () => {
+    const needs = await bus.kv("needs", "alder");
+    const bad = ["alder.onlytwo", "alder.two2", "alder.two3"];
+    for (const key of bad) await needs.put(key, "{}");
+    try {
+      const outOfShape: string[] = [];
+      const entries: string[] = [];
+      let cursor: string | undefined;
+      do {
+        const page = (await request(client, "mesh-provisioner.provisioning", { what: "state", limit: 1, ...(cursor ? { cursor } : {}) }))
+          .body as { entries: { key: string }[]; outOfShape: { key: string }[]; next?: string };
+        expect(page.entries.length + page.outOfShape.length).toBe(1);
+        outOfShape.push(...page.outOfShape.map((o) => o.key));
+        entries.push(...page.entries.map((e) => e.key));
+        cursor = page.next;
+      } while (cursor !== undefined);
+      expect(outOfShape).toEqual(bad.map((key) => `needs:${key}`));
+      expect(entries).toEqual(Array.from({ length: 40 }, (_, i) => `alder.m${i}`).sort());
+    } finally {
+      for (const key of bad) await needs.delete(key);
+    }
+  });
+});

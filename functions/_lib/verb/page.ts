@@ -75,9 +75,11 @@ export interface PageBounds {
 
 /**
  * One page of `what` (docs/verb.md §4.4): at most `limit` items and `maxPayload` bytes less
- * {@link HEADROOM}, `next` when some remain. On a request's first page `outOfShape` goes first, in
- * at most half the page and `limit` items (the rest counted in a last item); an item larger than
- * any reply is said in `outOfShape` when it is the first of its page, never a failed page.
+ * {@link HEADROOM}, `next` when some remain. `outOfShape` (keys of the views an answer is made
+ * of, not of its entries) is said first, in key order, over as many pages as it takes: a page
+ * that cannot hold the rest of them holds no entry, its `next` continuing them; the entries
+ * follow. An item larger than any reply is said in `outOfShape` when it is the first of its page,
+ * never a failed page.
  */
 export function fillPage(what: string, { limit, maxPayload, cursors }: PageBounds, source: PageSource): JsonText {
   const { confirmedAt, outOfShape = [] } = source;
@@ -87,18 +89,25 @@ export function fillPage(what: string, { limit, maxPayload, cursors }: PageBound
   let size = Buffer.byteLength(answerText({ ...emptyPage(what), ...confirmed }));
   // Items of the page so far: the keys out of shape said first count against `limit` too.
   let taken = 0;
-  if (cursors.after === undefined) {
-    for (const [i, o] of outOfShape.entries()) {
-      const text = JSON.stringify(o);
-      const lastRoom = taken === limit - 1 && i < outOfShape.length - 1;
-      if (lastRoom || size + Buffer.byteLength(text) + 1 > budget / 2) {
-        misshapen.push(JSON.stringify({ key: "…", reason: `${outOfShape.length - i} more keys out of shape, not named here` }));
-        size += 200;
-        taken++;
-        break;
+  if (cursors.after === undefined && outOfShape.length > 0) {
+    const from = cursors.outOfShapeAfter;
+    const pending = outOfShape
+      .filter((o) => from === undefined || o.key > from)
+      .sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    let said: string | undefined;
+    for (const [i, o] of pending.entries()) {
+      let text = JSON.stringify(o);
+      if (size + Buffer.byteLength(text) + 1 + NEXT_BYTES + cursors.length(o.key) > budget && i === 0) {
+        // Larger than any reply: said by its key alone.
+        text = JSON.stringify({ key: o.key, reason: `its reason does not fit in one reply (max_payload ${maxPayload})` });
+      }
+      // A page holds at least one item.
+      if (said !== undefined && (taken === limit || size + Buffer.byteLength(text) + 1 + NEXT_BYTES + cursors.length(o.key) > budget)) {
+        return page(what, [], misshapen, cursors.nextOutOfShape(said), confirmed);
       }
       misshapen.push(text);
       size += Buffer.byteLength(text) + 1;
+      said = o.key;
       taken++;
     }
   }
@@ -131,12 +140,23 @@ export function fillPage(what: string, { limit, maxPayload, cursors }: PageBound
     lastKey = item.key;
     taken++;
   }
+  return page(what, entries, misshapen, more ? cursors.next(lastKey) : undefined, confirmed);
+}
+
+/** A page's JSON text from its items' texts, its `next` cursor and its `confirmedAt` member. */
+function page(
+  what: string,
+  entries: readonly string[],
+  misshapen: readonly string[],
+  next: string | undefined,
+  confirmed: { readonly confirmedAt?: string },
+): JsonText {
   return new JsonText(
     answerText({
       what: JSON.stringify(what),
       entries: `[${entries.join(",")}]`,
       outOfShape: `[${misshapen.join(",")}]`,
-      ...(more ? { next: JSON.stringify(cursors.next(lastKey)) } : {}),
+      ...(next === undefined ? {} : { next: JSON.stringify(next) }),
       ...confirmed,
     }),
   );
