@@ -1,4 +1,5 @@
 import { Option } from "commander";
+import { isSafeNumber, LosslessNumber, parse, stringify } from "lossless-json";
 import prettyMilliseconds from "pretty-ms";
 import { ServiceError, type NatsConnection } from "nats";
 import { ASKED, NARROWINGS, VERB, VERB_SHAPE, type Answer, type Asked, type Entries, type What } from "../functions/_lib/provisioning.ts";
@@ -28,8 +29,15 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
   }
   const refused = ServiceError.toServiceError(reply);
   if (refused !== null) throw refused;
-  return JSON.parse(decoder.decode(reply.data)) as T;
+  return parse(decoder.decode(reply.data), undefined, exactNumber) as T;
 }
+
+/**
+ * A number of an answer as a JavaScript number when that keeps every digit, else as its digits
+ * (a `LosslessNumber`, written back as they are): values past double precision keep them
+ * (docs/verb.md §4.4) in tables and in `--json` alike.
+ */
+const exactNumber = (digits: string) => (isSafeNumber(digits) ? Number(digits) : new LosslessNumber(digits));
 
 export type { BucketEntry, Entries } from "../functions/_lib/provisioning.ts";
 
@@ -105,7 +113,7 @@ function cell(entry: Record<string, unknown>, column: string): string {
     return String((entry.value as Record<string, unknown>).module);
   }
   const value = entry[column];
-  return shown(typeof value === "string" ? value : JSON.stringify(value), WIDEST_VALUE);
+  return shown(typeof value === "string" ? value : (stringify(value) ?? "undefined"), WIDEST_VALUE);
 }
 
 /** Lines of aligned columns, the first row being the header. */

@@ -1,5 +1,6 @@
 /** What each command of `mesh-provisioner` (cli/commands/) is given by the program, and what several share. */
 import { InvalidArgumentError, type Command } from "commander";
+import { stringify } from "lossless-json";
 import { loadConfig, openSession, type Config, type Session } from "../runtime/index.ts";
 
 /** What a command is given: the config and the bus the program's options name. */
@@ -35,8 +36,8 @@ export const positive = (text: string) => {
   return Number(text);
 };
 
-/** `value` as JSON indented by two spaces: what `--json` prints. */
-export const asJson = (value: unknown): string => JSON.stringify(value, null, 2);
+/** `value` as JSON indented by two spaces: what `--json` prints; a number read as its digits (ask.ts) is written so. */
+export const asJson = (value: unknown): string => stringify(value, undefined, 2) ?? "undefined";
 
 /** Prints `value` as JSON (`--json`), else as `format` shows it now. */
 export function print<T>(value: T, json: unknown, format: (value: T, now: Date) => string): void {

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { askAll } from "../cli/ask.ts";
+import { asJson } from "../cli/program.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { testBus } from "./helpers.ts";
@@ -11,6 +12,8 @@ let bus: TestBus;
 let nc: NatsConnection;
 /** The confirmedAt of each page, in the order asked. */
 let pages: (string | null)[] = [];
+/** The value of each page's entry, as JSON text. */
+let value = "1";
 
 beforeAll(async () => {
   bus = await testBus();
@@ -20,7 +23,14 @@ beforeAll(async () => {
       const { cursor } = msg.json<{ cursor?: string }>();
       const i = cursor === undefined ? 0 : Number(cursor);
       const next = i + 1 < pages.length ? { next: String(i + 1) } : {};
-      msg.respond(JSON.stringify({ what: "needs", entries: [{ key: `k${i}` }], outOfShape: [], confirmedAt: pages[i], ...next }));
+      const page = JSON.stringify({
+        what: "needs",
+        entries: [{ key: `k${i}`, value: "VALUE" }],
+        outOfShape: [],
+        confirmedAt: pages[i],
+        ...next,
+      });
+      msg.respond(page.replace('"VALUE"', value));
     },
   });
   await nc.flush();
@@ -34,12 +44,26 @@ describe("every page of a stale answer", () => {
   it("says the oldest confirmedAt of its pages, never the last page's", async () => {
     pages = ["2026-12-04T02:00:02.000Z", "2026-12-04T02:00:01.000Z", "2026-12-04T02:00:03.000Z"];
     const answer = await askAll(nc, { what: "needs", stale: true });
-    expect(answer.entries).toEqual([{ key: "k0" }, { key: "k1" }, { key: "k2" }]);
+    expect(answer.entries.map((e) => e.key)).toEqual(["k0", "k1", "k2"]);
     expect(answer.confirmedAt).toBe("2026-12-04T02:00:01.000Z");
   });
 
   it("says never confirmed when one page was never confirmed", async () => {
     pages = ["2026-12-04T02:00:02.000Z", null, "2026-12-04T02:00:03.000Z"];
     expect((await askAll(nc, { what: "needs", stale: true })).confirmedAt).toBeNull();
+  });
+});
+
+describe("numbers of an answer", () => {
+  it("keep every digit past double precision in --json, and the others stay numbers", async () => {
+    pages = [null];
+    value = '{"big":12345678901234567890123456789,"small":42,"fraction":0.1,"exp":1e400}';
+    const answer = await askAll(nc, { what: "needs" });
+    const json = asJson(answer);
+    expect(json).toContain('"big": 12345678901234567890123456789');
+    expect(json).toContain('"small": 42');
+    expect(json).toContain('"fraction": 0.1');
+    expect(json).toContain('"exp": 1e400');
+    expect((answer.entries[0] as unknown as { value: { small: unknown } }).value.small).toBe(42);
   });
 });
