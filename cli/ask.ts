@@ -29,7 +29,13 @@ export async function askVerb<T>(nc: NatsConnection, subject: string, request: R
   }
   const refused = ServiceError.toServiceError(reply);
   if (refused !== null) throw refused;
-  return parse(decoder.decode(reply.data), undefined, exactNumber) as T;
+  const text = decoder.decode(reply.data);
+  try {
+    return parse(text, undefined, exactNumber) as T;
+  } catch {
+    // A value a node wrote with a key twice (lossless-json refuses it): read as JSON reads it, the last one kept.
+    return JSON.parse(text) as T;
+  }
 }
 
 /**

@@ -17,13 +17,16 @@ z.config(en());
  */
 const connectionName = z.string().check(z.minLength(1, "must not be empty"), z.maxLength(256, "must be at most 256 characters"));
 
-/** How much of `max_payload` a value written to a key leaves for its key, its fields and the verb's reply around it (docs/verb.md §4.4), in bytes. */
-const VALUE_HEADROOM = 16 * 1024;
+/**
+ * How much of `max_payload` a value written to a key leaves for its key, its fields and the
+ * verb's reply around it (docs/verb.md §4.4), in bytes: 16 KiB, or a quarter of a smaller one.
+ */
+const valueHeadroom = (maxPayload: number) => Math.min(16 * 1024, Math.floor(maxPayload / 4));
 
 /**
  * `value` as the JSON text written for `argument`, or a {@link ClientArgumentError} naming it:
  * no JSON value (a BigInt, a cycle, a function), or too large for the verb to answer it in one
- * reply (`maxPayload` less {@link VALUE_HEADROOM} bytes).
+ * reply (`maxPayload` less {@link valueHeadroom}).
  */
 export function jsonArg(argument: string, value: unknown, maxPayload: number): string {
   let text: string | undefined;
@@ -34,10 +37,11 @@ export function jsonArg(argument: string, value: unknown, maxPayload: number): s
   }
   if (text === undefined) throw new ClientArgumentError(argument, "must be a JSON value");
   const bytes = Buffer.byteLength(text);
-  if (bytes > maxPayload - VALUE_HEADROOM) {
+  const most = maxPayload - valueHeadroom(maxPayload);
+  if (bytes > most) {
     throw new ClientArgumentError(
       argument,
-      `is ${bytes} bytes as JSON: at most ${maxPayload - VALUE_HEADROOM} fit in one of the verb's replies (max_payload ${maxPayload})`,
+      `is ${bytes} bytes as JSON: at most ${most} fit in one of the verb's replies (max_payload ${maxPayload})`,
     );
   }
   return text;

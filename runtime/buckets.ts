@@ -3,7 +3,16 @@
  * per filter (asked again when the server does not answer), and compare-and-set writes whose
  * lost race is a `RevisionConflict`. The storage layer's lowest part (docs/runtime.md §6).
  */
-import { headers, type JetStreamClient, type NatsConnection, type KV, type KvEntry, type KvWatchOptions, type QueuedIterator } from "nats";
+import {
+  headers,
+  MsgHdrsImpl,
+  type JetStreamClient,
+  type NatsConnection,
+  type KV,
+  type KvEntry,
+  type KvWatchOptions,
+  type QueuedIterator,
+} from "nats";
 import { RevisionConflict } from "./errors.ts";
 import { publisherOf } from "./publisher.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, WriteBucket } from "./types.ts";
@@ -195,7 +204,9 @@ export async function scan(nc: NatsConnection, bucket: string, filter: string, d
     if (answer.error?.code === 404) break;
     if (answer.message === undefined) throw new Error(`${bucket}: ${answer.error?.description ?? "no message in the stream's answer"}`);
     const { subject, seq: at, hdrs, data, time } = answer.message;
-    const operation = hdrs === undefined ? undefined : /KV-Operation:\s*(\w+)/i.exec(Buffer.from(hdrs, "base64").toString("utf8"))?.[1];
+    // Read as nats.js reads a watch's: the header by its exact name, its whole value.
+    const operation =
+      hdrs === undefined ? undefined : MsgHdrsImpl.decode(new Uint8Array(Buffer.from(hdrs, "base64"))).get("KV-Operation") || undefined;
     const key = subject.slice(prefix.length);
     const value = data === undefined ? new Uint8Array() : new Uint8Array(Buffer.from(data, "base64"));
     found.set(key, {

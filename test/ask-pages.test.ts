@@ -66,4 +66,10 @@ describe("numbers of an answer", () => {
     expect(json).toContain('"exp": 1e400');
     expect((answer.entries[0] as unknown as { value: { small: unknown } }).value.small).toBe(42);
   });
+
+  it("reads a value a node wrote with a key twice as JSON does, the last one kept", async () => {
+    pages = [null];
+    value = '{"file":"/a","file":"/b"}';
+    expect((await askAll(nc, { what: "needs" })).entries[0]).toMatchObject({ value: { file: "/b" } });
+  });
 });

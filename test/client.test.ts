@@ -189,6 +189,31 @@ describe("a provider client", () => {
   });
 });
 
+describe("a server of a small max_payload (docs/client.md §9.1)", () => {
+  it("takes small values, and refuses one too large for a reply with a limit it can meet", async () => {
+    const small = await testBus({ maxPayload: 8192 });
+    const running = await startSet(small);
+    const cedar = await connectNode({
+      servers: small.url,
+      node: "cedar",
+      credentials: { password: small.server.users.cedar!.password },
+      presence: false,
+    });
+    try {
+      expect(await cedar.contribute("shell", "docker", { lines: ["x"] })).toBeGreaterThan(0);
+      const refused = await cedar.contribute("shell", "docker", "z".repeat(7000)).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(ClientArgumentError);
+      expect((refused as Error).message).toMatch(
+        /^item is 7002 bytes as JSON: at most 6144 fit in one of the verb's replies \(max_payload 8192\)/,
+      );
+    } finally {
+      await cedar.close();
+      await running.stop();
+      await small.stop();
+    }
+  });
+});
+
 describe("the set not running (docs/client.md §9)", () => {
   it("a request nobody answers throws a MeshUnanswered naming the verb's subject", { timeout: 30_000 }, async () => {
     const lone = await testBus();

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS } from "../functions/_lib/status.ts";
 import { VERB } from "../functions/_lib/provisioning.ts";
 import type { Running } from "../runtime/index.ts";
+import { scan } from "../runtime/buckets.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { request, startSet, testBus } from "./helpers.ts";
 
@@ -157,21 +158,31 @@ describe("hostile input, as an attacker would send it", () => {
 
   it("reads a value written with a KV-Operation other than DEL or PURGE as a value, as nats.js does: never dropped", async () => {
     const js = node.jetstream();
-    for (const [key, operation] of [
-      ["alder.ops.config.bogus", "BOGUS"],
-      ["alder.ops.config.lower", "del"],
-    ] as const) {
+    const written = [
+      ["alder.ops.config.bogus", "KV-Operation", "BOGUS"],
+      ["alder.ops.config.lower", "KV-Operation", "del"],
+      ["alder.ops.config.longer", "KV-Operation", "PURGE-later"],
+      ["alder.ops.config.other", "X-KV-Operation", "DEL"],
+      ["alder.ops.config.name", "kv-operation", "DEL"],
+    ] as const;
+    for (const [key, name, operation] of written) {
       const h = headers();
-      h.set("KV-Operation", operation);
+      h.set(name, operation);
       await js.publish(`$KV.mesh-provisioner_needs.${key}`, '{"placeholder":"${config:x}"}', { headers: h });
     }
     for (const stale of [false, true]) {
       const answer = await request(node, VERB, encoder.encode(JSON.stringify({ what: "needs", node: "alder", module: "ops", stale })));
-      expect((answer.body.entries as { key: string }[]).map((e) => e.key)).toEqual(["alder.ops.config.bogus", "alder.ops.config.lower"]);
+      expect((answer.body.entries as { key: string }[]).map((e) => e.key)).toEqual(written.map(([key]) => key).sort());
     }
+    // The server's reads a view falls back on read them so too.
+    const seat = await bus.connect();
+    expect((await scan(seat, "mesh-provisioner_needs", "alder.ops.>", false)).map((r) => r.key).sort()).toEqual(
+      written.map(([key]) => key).sort(),
+    );
+    await seat.close();
     const needs = await bus.kv("needs", "alder");
     expect((await needs.get("alder.ops.config.bogus"))?.string()).toBe('{"placeholder":"${config:x}"}');
-    for (const key of ["alder.ops.config.bogus", "alder.ops.config.lower"]) await needs.delete(key);
+    for (const [key] of written) await needs.delete(key);
   });
 
   it("refuses a 5 MiB payload, deeply nested JSON, a 10,000-character collection, control characters and invalid UTF-8", async () => {
