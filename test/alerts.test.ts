@@ -77,7 +77,14 @@ describe("Alertmanager", () => {
     await until(() => set.runner.clock.now().getTime() > Date.parse(since), 5000, "the set's server time past the write");
     await invoke(set.runner, alerts);
     expect(zot().at(-1)).toEqual({
-      labels: { alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "failed", condition: "none" },
+      labels: {
+        alertname: "ProvisioningNotWell",
+        seat: "mesh-provisioner",
+        node: "cedar",
+        module: "zot",
+        state: "failed",
+        condition: "none",
+      },
       annotations: { summary: "zot on cedar is failed" },
       startsAt: since,
     });
@@ -85,7 +92,14 @@ describe("Alertmanager", () => {
     const before = Date.now();
     await invoke(set.runner, alerts);
     const resolved = zot().at(-1)!;
-    expect(resolved.labels).toEqual({ alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "failed", condition: "none" });
+    expect(resolved.labels).toEqual({
+      alertname: "ProvisioningNotWell",
+      seat: "mesh-provisioner",
+      node: "cedar",
+      module: "zot",
+      state: "failed",
+      condition: "none",
+    });
     expect(Date.parse(resolved.endsAt!)).toBeGreaterThanOrEqual(before - 1000);
     // Resolved once: the next sending says nothing of it.
     const sent = zot().length;
@@ -104,7 +118,7 @@ describe("Alertmanager", () => {
     await new Promise((r) => setTimeout(r, Math.max(0, lastSeen.getTime() + 3100 - Date.now())));
     await invoke(set.runner, alerts);
     expect(dogwood().at(-1)).toEqual({
-      labels: { alertname: "NodeUnreachable", node: "dogwood" },
+      labels: { alertname: "NodeUnreachable", seat: "mesh-provisioner", node: "dogwood" },
       annotations: { summary: `node dogwood is unreachable: no presence since ${lastSeen.toISOString()}` },
       startsAt: new Date(lastSeen.getTime() + 3000).toISOString(),
     });
@@ -131,25 +145,44 @@ describe("Alertmanager", () => {
       status: { state: "active", silencedBy: [], inhibitedBy: [] },
     });
     held = [
-      gettable({ alertname: "NodeUnreachable", node: "oak" }),
-      gettable({ node: "cedar", alertname: "NodeUnreachable" }),
-      gettable({ alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "pending", condition: "Late" }),
+      gettable({ alertname: "NodeUnreachable", seat: "mesh-provisioner", node: "oak" }),
+      gettable({ node: "cedar", seat: "mesh-provisioner", alertname: "NodeUnreachable" }),
+      gettable({
+        alertname: "ProvisioningNotWell",
+        seat: "mesh-provisioner",
+        node: "cedar",
+        module: "zot",
+        state: "pending",
+        condition: "Late",
+      }),
+      // Another system's, of the same name: never the set's to end.
+      gettable({ alertname: "NodeUnreachable", instance: "db1:9100", job: "node" }),
     ];
     try {
       const before = Date.now();
       await invoke(set.runner, alerts);
       const resolved = received.at(-1)!.filter((a) => a.endsAt !== undefined && a.annotations.summary === "raised before");
       expect(resolved.map((a) => a.labels)).toEqual([
-        { alertname: "NodeUnreachable", node: "oak" },
-        { node: "cedar", alertname: "NodeUnreachable" },
-        { alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "pending", condition: "Late" },
+        { alertname: "NodeUnreachable", seat: "mesh-provisioner", node: "oak" },
+        { node: "cedar", seat: "mesh-provisioner", alertname: "NodeUnreachable" },
+        { alertname: "ProvisioningNotWell", seat: "mesh-provisioner", node: "cedar", module: "zot", state: "pending", condition: "Late" },
       ]);
       for (const a of resolved) expect(Date.parse(a.endsAt!)).toBeGreaterThanOrEqual(before - 1000);
-      expect(filters.at(-1)).toBe('alertname=~"^(ProvisioningNotWell|ProvisioningStale|NodeUnreachable|ProvisioningCheckFailing)$"');
+      expect(filters.slice(-2)).toEqual([
+        'alertname=~"^(ProvisioningNotWell|ProvisioningStale|NodeUnreachable|ProvisioningCheckFailing)$"',
+        'seat="mesh-provisioner"',
+      ]);
       // One that still fires is held and sent as firing, never resolved.
       await (await bus.kv("assignments", "mesh-controller")).put("cedar.kept", "{}");
       await (await bus.kv("applied", "cedar")).put("cedar.kept", JSON.stringify({ error: "still failing" }));
-      const labels = { alertname: "ProvisioningNotWell", node: "cedar", module: "kept", state: "failed", condition: "none" };
+      const labels = {
+        alertname: "ProvisioningNotWell",
+        seat: "mesh-provisioner",
+        node: "cedar",
+        module: "kept",
+        state: "failed",
+        condition: "none",
+      };
       held = [gettable(labels)];
       await invoke(set.runner, alerts);
       expect(
@@ -185,7 +218,14 @@ describe("Alertmanager", () => {
     const gitea = () => received.flat().filter((a) => a.labels.alertname === "ProvisioningCheckFailing" && a.labels.node === "alder");
     await invoke(set.runner, alerts);
     expect(gitea().at(-1)).toEqual({
-      labels: { alertname: "ProvisioningCheckFailing", node: "alder", module: "gitea", provision: "postgres", reason: "AuthFailed" },
+      labels: {
+        alertname: "ProvisioningCheckFailing",
+        seat: "mesh-provisioner",
+        node: "alder",
+        module: "gitea",
+        provision: "postgres",
+        reason: "AuthFailed",
+      },
       annotations: { summary: "gitea on alder fails its check of postgres: AuthFailed: password authentication failed" },
       startsAt: "2026-12-02T06:00:00.000Z",
     });
@@ -346,6 +386,7 @@ describe("ProvisioningStale", () => {
       {
         labels: {
           alertname: "ProvisioningStale",
+          seat: "mesh-provisioner",
           provider: "keycloak",
           provision: "keycloak",
           node: "dogwood",

@@ -109,7 +109,7 @@ describe("a real Alertmanager", () => {
     const got = await firing();
     expect(got.map((a) => a.labels).sort((a, b) => a.alertname!.localeCompare(b.alertname!))).toEqual([
       { alertname: "ProvisioningFailing", provider: "keycloak", machine: "dogwood", consumer: "grafana" },
-      { alertname: "ProvisioningNotWell", node: "cedar", module: "zot", state: "failed", condition: "none" },
+      { alertname: "ProvisioningNotWell", seat: "mesh-provisioner", node: "cedar", module: "zot", state: "failed", condition: "none" },
     ]);
     expect(got.map((a) => a.status.state)).toEqual(["active", "active"]);
 

@@ -100,6 +100,13 @@ export async function postAlerts(config: AlertsConfig & { alertmanager: string }
   );
 }
 
+/**
+ * The label `seat` of the alerts of modules, stale holders, nodes and checks: what tells them from
+ * another system's of the same name in one Alertmanager, so that the set ends only its own
+ * ({@link heldAlerts}).
+ */
+export const SEAT = "mesh-provisioner";
+
 /** The alert name every module that counts against the mesh is raised under (docs/state.md §7.6). */
 export const MODULE_ALERTNAME = "ProvisioningNotWell";
 
@@ -116,7 +123,14 @@ export function moduleAlerts(notWell: readonly ModuleState[], now: Date): Map<st
   for (const m of notWell) {
     const condition = m.conditions[0];
     firing.set(`module:${m.key}`, {
-      labels: { alertname: MODULE_ALERTNAME, node: m.node, module: m.module, state: m.state, condition: condition?.type ?? "none" },
+      labels: {
+        alertname: MODULE_ALERTNAME,
+        seat: SEAT,
+        node: m.node,
+        module: m.module,
+        state: m.state,
+        condition: condition?.type ?? "none",
+      },
       annotations: {
         summary: `${m.module} on ${m.node} is ${m.state}${condition === undefined ? "" : `: ${condition.type}: ${condition.message}`}`,
       },
@@ -137,6 +151,7 @@ export function staleAlerts(stale: readonly StaleHolder[], now: Date): Map<strin
     firing.set(`stale:${h.provider}.${h.key}`, {
       labels: {
         alertname: STALE_ALERTNAME,
+        seat: SEAT,
         provider: h.provider,
         provision: h.provision,
         node: h.node,
@@ -163,7 +178,7 @@ export function nodeAlerts(
   const firing = new Map<string, PostableAlert>();
   for (const n of unreachable) {
     firing.set(`node:${n.node}`, {
-      labels: { alertname: NODE_ALERTNAME, node: n.node },
+      labels: { alertname: NODE_ALERTNAME, seat: SEAT, node: n.node },
       annotations: { summary: `node ${n.node} is unreachable: no presence since ${n.lastSeen}` },
       startsAt: notLater(n.since, now),
     });
@@ -184,7 +199,7 @@ export function checkAlerts(failing: readonly Check[], now: Date): Map<string, P
     if (c.ok) continue;
     const reason = c.reason ?? DEFAULT_CHECK_REASON;
     firing.set(`check:${c.key}`, {
-      labels: { alertname: CHECK_ALERTNAME, node: c.node, module: c.module, provision: c.provision, reason },
+      labels: { alertname: CHECK_ALERTNAME, seat: SEAT, node: c.node, module: c.module, provision: c.provision, reason },
       annotations: {
         summary: `${c.module} on ${c.node} fails its check of ${c.provision}: ${reason}${c.message === null ? "" : `: ${c.message}`}`,
       },
@@ -225,21 +240,24 @@ const gettableAlerts = z.array(
 );
 
 /**
- * The alerts named `names` that Alertmanager at `config.alertmanager` holds unresolved (`GET
- * /api/v2/alerts`, silenced and inhibited ones included), within one `timeoutMs`: what an earlier
+ * The alerts named `names` and labelled `seat` {@link SEAT} that Alertmanager at
+ * `config.alertmanager` holds unresolved (`GET /api/v2/alerts`, silenced and inhibited ones
+ * included), within one `timeoutMs`: what an earlier
  * process or another replica raised, for {@link raisedAlerts} to resolve once they no longer
  * fire. Throws naming Alertmanager when it cannot be asked or answers something else.
  */
 export async function heldAlerts(config: AlertsConfig & { alertmanager: string }, names: readonly string[]): Promise<PostableAlert[]> {
   const { url, headers } = endpoint(config.alertmanager);
   url.searchParams.append("filter", `alertname=~"^(${names.join("|")})$"`);
+  url.searchParams.append("filter", `seat="${SEAT}"`);
   const response = await fetch(url, { headers, signal: AbortSignal.timeout(config.timeoutMs) }).catch((err: Error & { cause?: Error }) => {
     throw new Error(`Alertmanager at ${url.origin} cannot be reached: ${err.cause?.message ?? err.message}`);
   });
   if (!response.ok) throw new Error(`Alertmanager at ${url.origin} answered ${response.status} to the list of its alerts`);
   const listed = gettableAlerts.safeParse(await response.json().catch(() => undefined));
   if (!listed.success) throw new Error(`Alertmanager at ${url.origin} listed its alerts in another shape than its API v2`);
-  return listed.data;
+  // As the filters asked: the set's own, of those names.
+  return listed.data.filter((a) => a.labels.seat === SEAT && names.includes(a.labels.alertname ?? ""));
 }
 
 /** `<alertmanager>/api/v2/alerts`, with a user and password of the URL moved to a Basic authorization header. */
