@@ -6,6 +6,7 @@ import type { Server } from "node:http";
 import { serve, type ServerType } from "@hono/node-server";
 import { Hono, type Context as HonoContext, type MiddlewareHandler } from "hono";
 import { bearerAuth } from "hono/bearer-auth";
+import { html } from "hono/html";
 import { HTTPException } from "hono/http-exception";
 import { errorBody } from "./errors.ts";
 import { HtmlText, jsonOf } from "./json.ts";
@@ -55,6 +56,17 @@ function malformedQuery(url: string): string | undefined {
   }
   return undefined;
 }
+
+/** A refusal as a page of its own, for a browser: the status and the message, escaped. */
+const refusedPage = (code: number, message: string) =>
+  html`<!doctype html>
+    <html lang="en">
+      <meta charset="utf-8" />
+      <title>${code}: this request cannot be read</title>
+      <h1>This request cannot be read</h1>
+      <p>${message}</p>
+      <p><a href="/">Start again from /</a></p>
+    </html>`;
 
 /** A fresh header object per answer: Hono keeps and changes the one it is given. */
 const jsonType = () => ({ "content-type": "application/json" });
@@ -107,7 +119,11 @@ export function httpApp<F>(targets: readonly { readonly fn: F; readonly trigger:
     const [method, path] = trigger.http.split(" ") as [string, string];
     app.on(method, path, async (c) => {
       const malformed = malformedQuery(c.req.url);
-      if (malformed !== undefined) return c.body(errorBody(400, malformed), 400, jsonType());
+      if (malformed !== undefined) {
+        // Refused before any function runs: a browser asking for a page is answered a page.
+        if (/\btext\/html\b/.test(c.req.header("accept") ?? "")) return c.html(refusedPage(400, malformed), 400);
+        return c.body(errorBody(400, malformed), 400, jsonType());
+      }
       const outcome = await env.run(fn, await httpInput(c), { kind: "http", method, path });
       if (outcome.ok && outcome.value instanceof HtmlText) return c.body(outcome.value.text, (outcome.status ?? 200) as 200, htmlType());
       if (outcome.ok) return c.body(outcome.text ?? jsonOf(outcome.value), (outcome.status ?? 200) as 200, jsonType());

@@ -151,6 +151,12 @@ describe("hostile input, as an attacker would send it", () => {
         /^the query parameter \S+ is not percent-encoded UTF-8: /,
       );
     }
+    // A browser asking for the page is answered a page, the message escaped.
+    const page = await fetch(`${set.httpUrl}/?node=%FF%3Cb%3E`, { headers: { accept: "text/html,application/xhtml+xml" } });
+    expect([page.status, page.headers.get("content-type")]).toEqual([400, "text/html; charset=UTF-8"]);
+    const text = await page.text();
+    expect(text).toContain("<h1>This request cannot be read</h1>");
+    expect(text).toContain("the query parameter node is not percent-encoded UTF-8: &quot;node=%FF%3Cb%3E&quot;");
     // Well-formed, the same names are read: é is %C3%A9.
     expect((await fetch(`${set.httpUrl}/provisioning?what=collect&collection=%C3%A9`)).status).toBe(200);
     await stillServes();
