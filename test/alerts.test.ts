@@ -76,15 +76,16 @@ describe("Alertmanager", () => {
     // of the truth): asked once that time is past the write, it starts at the write.
     await until(() => set.runner.clock.now().getTime() > Date.parse(since), 5000, "the set's server time past the write");
     await invoke(set.runner, alerts);
+    const labels = {
+      alertname: "ProvisioningNotWell",
+      seat: "mesh-provisioner",
+      node: "cedar",
+      module: "zot",
+      state: "failed",
+      condition: "none",
+    };
     expect(zot().at(-1)).toEqual({
-      labels: {
-        alertname: "ProvisioningNotWell",
-        seat: "mesh-provisioner",
-        node: "cedar",
-        module: "zot",
-        state: "failed",
-        condition: "none",
-      },
+      labels,
       annotations: { summary: "zot on cedar is failed" },
       startsAt: since,
     });
@@ -92,14 +93,7 @@ describe("Alertmanager", () => {
     const before = Date.now();
     await invoke(set.runner, alerts);
     const resolved = zot().at(-1)!;
-    expect(resolved.labels).toEqual({
-      alertname: "ProvisioningNotWell",
-      seat: "mesh-provisioner",
-      node: "cedar",
-      module: "zot",
-      state: "failed",
-      condition: "none",
-    });
+    expect(resolved.labels).toEqual(labels);
     expect(Date.parse(resolved.endsAt!)).toBeGreaterThanOrEqual(before - 1000);
     // Resolved once: the next sending says nothing of it.
     const sent = zot().length;

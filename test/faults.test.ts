@@ -2,7 +2,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, statfsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { KV, NatsConnection, NatsError } from "nats";
+import type { JetStreamClient, KV, NatsConnection, NatsError } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS, type Status } from "../functions/_lib/status.ts";
 import { pino } from "pino";
@@ -200,6 +200,16 @@ describe("a server back with an empty store", () => {
   }, 90_000);
 });
 
+/** Publishes, on `keycloak`'s JetStream, keycloak's failing of `consumer` on alder, at now. */
+const publishFailing = (keycloak: JetStreamClient, consumer: string) =>
+  keycloak.publish(
+    "keycloak.provisioner.failing",
+    JSON.stringify({ machine: "alder", consumer, word: "down", at: new Date().toISOString() }),
+  );
+/** Whether status, asked on `seat`, names the one failing of `consumer`. */
+const followedOn = (seat: NatsConnection, consumer: string) => async () =>
+  (await request(seat, STATUS, { consumer }).catch(() => undefined))?.body.failing?.length === 1;
+
 describe("a durable made again, then the server back with an empty store", () => {
   it("follows the new stream from its first message, and hands nothing twice while the stream stays the one it was", async () => {
     const lost = await testBus();
@@ -211,13 +221,8 @@ describe("a durable made again, then the server back with an empty store", () =>
     try {
       const connect = async () => ({ seat: await lost.connect(), keycloak: (await lost.connect("keycloak")).jetstream() });
       let { seat, keycloak } = await connect();
-      const failing = (consumer: string) =>
-        keycloak.publish(
-          "keycloak.provisioner.failing",
-          JSON.stringify({ machine: "alder", consumer, word: "down", at: new Date().toISOString() }),
-        );
-      const followed = (consumer: string) => async () =>
-        (await request(seat, STATUS, { consumer }).catch(() => undefined))?.body.failing?.length === 1;
+      const failing = (consumer: string) => publishFailing(keycloak, consumer);
+      const followed = (consumer: string) => followedOn(seat, consumer);
       const runs = async () => {
         const text = await (await fetch(`${running.httpUrl}/metrics`)).text();
         return Number(/^function_runs_total\{function="provider-failing",trigger="event"\} (\S+)$/m.exec(text)?.[1] ?? 0);
@@ -277,13 +282,8 @@ describe("the events stream deleted behind the set (`nats stream rm`)", () => {
     try {
       const seat = await bus.connect();
       const keycloak = (await bus.connect("keycloak")).jetstream();
-      const failing = (consumer: string) =>
-        keycloak.publish(
-          "keycloak.provisioner.failing",
-          JSON.stringify({ machine: "alder", consumer, word: "down", at: new Date().toISOString() }),
-        );
-      const followed = (consumer: string) => async () =>
-        (await request(seat, STATUS, { consumer }).catch(() => undefined))?.body.failing?.length === 1;
+      const failing = (consumer: string) => publishFailing(keycloak, consumer);
+      const followed = (consumer: string) => followedOn(seat, consumer);
       await failing("before");
       await until(followed("before"), 10_000, "the event before followed");
       const jsm = await seat.jetstreamManager();
