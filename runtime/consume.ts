@@ -57,6 +57,14 @@ export const UNMATCHED_DELIVERIES = 60;
 export const UNMATCHED_DELAY_MS = 1000;
 
 /**
+ * How long after a stream is found deleted it is made again, in milliseconds (docs/runtime.md
+ * §6.3.2): nats-server 2.9 removes a deleted stream's folder after it answered the delete, so a
+ * stream made again at once under the same name may lose its files to that removal, and then
+ * holds messages it can deliver to no consumer.
+ */
+export const STREAM_REMADE_AFTER_MS = 2000;
+
+/**
  * A promise shared by every caller within one turn of the event loop, resolved once that turn's
  * I/O is handled (`setImmediate`). What waits for it runs in one round of microtasks, so the
  * protocol lines it sends (acknowledgements, the handlers' requests) leave in one socket write
@@ -126,10 +134,10 @@ export interface ConsumeEnv<F> {
 
 /**
  * Follows `held`'s durable, `bound` on the stream made at `streamCreated`, until the binding
- * stops: each message to every taker whose `event` matches its subject (see the event kind's
- * `bind`), the durable made again when found gone. Returns the consumption's loop, what takes
- * the durable's floor as the streams' watch reads it, and the check of the stream as asserted
- * `bind`), the durable made again by `rebind` (from a stream sequence, or the stream's first message) when found gone. Returns the consumption's loop, what takes
+ * stops: each message to every trigger whose `event` matches its subject (see the event kind's
+ * `bind`), the durable made again by `rebind` (from a stream sequence, or the stream's first
+ * message) when found gone. Returns the consumption's loop, what takes the durable's floor as
+ * the streams' watch reads it, and the check of the stream as asserted again after a reconnect.
  */
 export function followDurable<F>(
   held: FollowedDurable,
@@ -312,8 +320,12 @@ export function followDurable<F>(
             // Deleted behind the set: made again as at the start, then the durable from its first message.
             shared.gone.set(durable, `stream ${stream} does not exist: making it again, then durable consumer ${durable}`);
             log.warn({ stream, durable }, "stream gone; making it again");
+            await new Promise((r) => setTimeout(r, STREAM_REMADE_AFTER_MS));
+            if (shared.stopping()) return;
             await shared.reassert().catch((e: unknown) => log.warn({ stream, err: reasonOf(e) }, "stream not made again"));
-          } else log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
+            continue;
+          }
+          log.warn({ stream, durable, err: reasonOf(err) }, "durable consumer not made again; trying again in 1 s");
           await new Promise((r) => setTimeout(r, 1000));
         }
       }

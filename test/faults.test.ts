@@ -41,10 +41,15 @@ describe("faults the set recovers from by itself", () => {
           "keycloak.provisioner.failing",
           JSON.stringify({ machine: "alder", consumer, word: "before", at: new Date().toISOString() }),
         );
-    await failing("before-delete");
+    const { seq: floor } = await failing("before-delete");
     await until(async () => (await request(seat, STATUS, { consumer: "before-delete" })).body.failing.length === 1, 10_000, "followed");
     const jsm = await seat.jetstreamManager();
-    const floor = (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).ack_floor.stream_seq;
+    // Followed is not yet acknowledged: the server's floor reaches the event a moment later.
+    await until(
+      async () => (await jsm.consumers.info("mesh-provisioner_events", "mesh-provisioner-events")).ack_floor.stream_seq === floor,
+      5000,
+      "the event before acknowledged",
+    );
 
     // As `nats consumer rm` would.
     // nats-server 2.9 may answer a delete with "directory not empty" while the consumer writes its
@@ -133,6 +138,9 @@ describe("a bucket deleted and made again behind the set", () => {
       const jsm = await (await wide.connect()).jetstreamManager();
       const { config } = await jsm.streams.info("KV_mesh-provisioner_needs");
       await jsm.streams.delete("KV_mesh-provisioner_needs");
+      // nats-server 2.9 removes the deleted stream's folder after it answered: made again at once,
+      // the new stream could lose its files to that removal (docs/runtime.md §6.3.2).
+      await new Promise((r) => setTimeout(r, 2000));
       await jsm.streams.add(config);
       const recreated = Date.now();
       const again = await wide.kv("needs", "alder");
