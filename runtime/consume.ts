@@ -5,7 +5,7 @@
  * again from this replica's progress when it is found gone.
  */
 import { ConsumerEvents, type ConsumerInfo, type ConsumerMessages, type JetStreamManager, type JsMsg, type StreamInfo } from "nats";
-import { CONSUMER_NOT_FOUND, errCode, reasonOf, retryElecting, STREAM_NOT_FOUND } from "./jetstream.ts";
+import { CONSUMER_NOT_FOUND, errCode, reasonOf, retryElecting, STREAM_NOT_FOUND, STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
 import { subjectMatches } from "./subjects.ts";
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
@@ -55,14 +55,6 @@ const REFILL = BATCH / 2;
  */
 export const UNMATCHED_DELIVERIES = 60;
 export const UNMATCHED_DELAY_MS = 1000;
-
-/**
- * How long after a stream is found deleted it is made again, in milliseconds (docs/runtime.md
- * §6.3.2): nats-server 2.9 removes a deleted stream's folder after it answered the delete, so a
- * stream made again at once under the same name may lose its files to that removal, and then
- * holds messages it can deliver to no consumer.
- */
-export const STREAM_REMADE_AFTER_MS = 2000;
 
 /**
  * A promise shared by every caller within one turn of the event loop, resolved once that turn's

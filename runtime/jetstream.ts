@@ -81,3 +81,11 @@ export function retryElecting<T>(attempt: () => Promise<T>, options: RetryOption
     },
   );
 }
+
+/**
+ * How long after a stream or a bucket is found deleted behind the set it is made again, in
+ * milliseconds (docs/runtime.md §6.3.2, docs/operations.md §13.4): nats-server 2.9 removes a
+ * deleted stream's folder after it answered the delete, so a stream made again at once under the
+ * same name may lose its files to that removal, and then holds messages it can give nobody.
+ */
+export const STREAM_REMADE_AFTER_MS = 2000;

@@ -6,7 +6,9 @@
 import { randomUUID } from "node:crypto";
 import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
+import { setTimeout as sleep } from "node:timers/promises";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
+import { STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
@@ -75,16 +77,24 @@ export async function openStorage(
   const recordsRead = readBucket(kvs.get(RECORDS)!, recordsBucket(config.seat), nc);
   let recordsView: LiveView | undefined;
   const progress = loadProgress(log, progressOptions);
+  // A viewed bucket found deleted behind the set (`nats kv rm`) is made again as at the start,
+  // with every other one missing: once for every view that finds it so (docs/operations.md §13.4).
+  let remaking: Promise<void> | undefined;
+  const remake = () =>
+    (remaking ??= (async () => {
+      await sleep(STREAM_REMADE_AFTER_MS);
+      await assertBuckets(nc, config, log);
+    })().finally(() => (remaking = undefined)));
   try {
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
-        const view = await openView(nc, config.buckets[name]!.bucket, read(name), log, { progress });
+        const view = await openView(nc, config.buckets[name]!.bucket, read(name), log, { progress, remake });
         views.set(name, view);
         await view.loaded;
         await view.check();
       }),
       (async () => {
-        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, { progress });
+        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, { progress, remake });
         await recordsView.loaded;
         await recordsView.check();
       })(),

@@ -314,6 +314,59 @@ describe("the events stream deleted behind the set (`nats stream rm`)", () => {
   }, 60_000);
 });
 
+describe("a bucket deleted behind the set (`nats kv rm`)", () => {
+  it("is said in readiness and refused at once while it is missing, made again, and written and read as before", async () => {
+    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+    const lines: { msg: string; bucket?: string }[] = [];
+    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const running = await start({ config: bus.config, log });
+    const FAILING = "KV_mesh-provisioner_failing";
+    try {
+      const seat = await bus.connect();
+      const keycloak = (await bus.connect("keycloak")).jetstream();
+      await publishFailing(keycloak, "before");
+      await until(followedOn(seat, "before"), 10_000, "the event before followed");
+      const jsm = await seat.jetstreamManager();
+      const { created } = await jsm.streams.info(FAILING);
+      await jsm.streams.delete(FAILING);
+      // Noticed by the view's next comparison with its stream (every 5 s), and said.
+      const reasons: string[] = [];
+      await until(
+        async () => {
+          const body = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] };
+          reasons.push(...(body.reasons ?? []));
+          return reasons.some((r) => r.includes("bucket mesh-provisioner_failing does not exist on the server"));
+        },
+        10_000,
+        "readiness names the bucket missing",
+      );
+      // Made again 2 s after it is found missing: meanwhile a fresh read is refused at once, saying why.
+      const began = Date.now();
+      const refused = await request(seat, STATUS, {});
+      expect(Date.now() - began).toBeLessThan(1000);
+      expect(refused.body.error).toMatchObject({ code: 503 });
+      expect(refused.body.error.message).toContain("bucket mesh-provisioner_failing does not exist on the server");
+      await until(async () => (await jsm.streams.info(FAILING).catch(() => undefined))?.created !== undefined, 15_000, "made again");
+      expect((await jsm.streams.info(FAILING)).created).not.toBe(created);
+      // What it held is gone with it; what comes after is followed, kept and read.
+      await until(
+        async () =>
+          (await publishFailing(keycloak, "after")
+            .then(() => true)
+            .catch(() => false)) && (await followedOn(seat, "after")()),
+        15_000,
+        "followed after",
+      );
+      expect((await request(seat, STATUS, { consumer: "before" })).body.failing).toEqual([]);
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
+      expect(lines.filter((l) => l.msg === "bucket gone; making it again").map((l) => l.bucket)).toEqual(["mesh-provisioner_failing"]);
+    } finally {
+      await running.stop();
+      await bus.stop();
+    }
+  }, 60_000);
+});
+
 describe("a hung server (SIGSTOP)", () => {
   it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
     const hung = await testBus();

@@ -108,14 +108,16 @@ function sameAfterOf(bucket: string, messageFrom: MessageFrom, generation: () =>
  * subjects: it loads the bucket again, reads not answered from memory meanwhile. Keys are in
  * JavaScript string order, as `server` sorts them. `progress` is told of the first load: the
  * stream's subjects at the start of the load (its number of keys, from the same stream info) and
- * the keys the view holds (docs/runtime.md §6.5.1).
+ * the keys the view holds (docs/runtime.md §6.5.1). A bucket whose stream is found missing (deleted
+ * behind the set) is said by {@link LiveView.trouble}, its fresh reads refused with a 503 at
+ * once, and made again by `remake`, then loaded (docs/operations.md §13.4).
  */
 export async function openView(
   nc: NatsConnection,
   bucket: string,
   server: ReadBucket,
   log: Logger,
-  { resyncMs = RESYNC_MS, progress }: { resyncMs?: number; progress?: Progress } = {},
+  { resyncMs = RESYNC_MS, progress, remake }: { resyncMs?: number; progress?: Progress; remake?: () => Promise<void> } = {},
 ): Promise<LiveView> {
   const jsm = await nc.jetstreamManager();
   const { config: streamConfig, created, state } = await jsm.streams.info(`KV_${bucket}`);
@@ -143,9 +145,7 @@ export async function openView(
     unavailable: () =>
       stopped
         ? `the view of bucket ${bucket} is stopped`
-        : resync.reloading()
-          ? `the view of bucket ${bucket} is loading it again`
-          : undefined,
+        : (resync.missing() ?? (resync.reloading() ? `the view of bucket ${bucket} is loading it again` : undefined)),
     wentBack: (why) => resync.now(why, false),
     stuck: (why) => {
       if (performance.now() - heldSince >= STUCK_MS) resync.now(`${why}, and held no more for ${STUCK_MS / 1000} s`, true);
@@ -200,6 +200,7 @@ export async function openView(
     stopped: () => stopped,
     nothingAfter,
     load: start,
+    remake,
     adopt: (next, sameStream) => {
       current = next;
       heldBefore = next.held;
@@ -336,12 +337,17 @@ export async function openView(
    */
   const freshReads = async (): Promise<{ readonly reads: ReadBucket; readonly held: boolean }> => {
     const due = performance.now() + READ_DEADLINE_MS;
+    // Nothing to ask the server of a bucket it does not have.
+    const missing = resync.missing();
+    if (missing !== undefined) throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${missing}`);
     const freshness = await fresh.caughtUp(due);
     if (freshness.current) return { reads: localReads(due), held: true };
     if (oneReplica && performance.now() < due) return { reads: serverReads(due, freshness.why), held: false };
     throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${freshness.why}`);
   };
   const trouble = () => {
+    const missing = resync.missing();
+    if (missing !== undefined) return missing;
     if (resync.reloading()) {
       return `the view of bucket ${bucket} is loading it again; ${oneReplica ? "reads go to the server" : "fresh reads are refused"} meanwhile`;
     }

@@ -9,6 +9,7 @@
  */
 import type { JetStreamManager } from "nats";
 import type { Logger } from "pino";
+import { errCode, reasonOf, STREAM_NOT_FOUND } from "../jetstream.ts";
 
 /** How often a view compares itself with its stream, in milliseconds. */
 export const RESYNC_MS = 5_000;
@@ -34,6 +35,8 @@ export interface Resync {
    * reads go to the server until the new load is adopted (the load in hand ended or is wrong).
    */
   now(why: string, trusted: boolean): void;
+  /** Why the view cannot load its bucket: the stream does not exist (deleted behind the set); none otherwise. */
+  missing(): string | undefined;
   /** Stops the periodic comparison and the watch of a load under way. */
   stop(): void;
 }
@@ -48,6 +51,8 @@ export interface Resync {
  *   without a marker (a purge, an age limit), or, on nats-server 2.9.10, a filtered purge moved
  *   the watch past messages it had not delivered;
  * - or {@link Resync.now} asked for it.
+ * A stream found missing (the bucket deleted behind the set) is said by {@link Resync.missing}
+ * and made again by `remake` (the buckets asserted again), then loaded at once.
  * A round that fails (the server away) is logged and tried again at the next.
  */
 export function resyncing<G extends Load>({
@@ -61,6 +66,7 @@ export function resyncing<G extends Load>({
   nothingAfter,
   load,
   adopt,
+  remake,
 }: {
   jsm: JetStreamManager;
   bucket: string;
@@ -73,6 +79,8 @@ export function resyncing<G extends Load>({
   load: () => Promise<G>;
   /** The view reads from `next` from now; `sameStream`: the stream is the one the load in hand was of. */
   adopt: (next: G, sameStream: boolean) => void;
+  /** Makes the bucket again when its stream is found missing; resolves once it exists. None: said, never made. */
+  remake?: () => Promise<void>;
 }): Resync {
   const stream = `KV_${bucket}`;
   let loadedFrom = created;
@@ -81,6 +89,25 @@ export function resyncing<G extends Load>({
   /** Why a reload was asked for and not done yet. */
   let asked: { why: string; trusted: boolean } | undefined;
   let loading: G | undefined;
+  /** Why the bucket cannot be loaded while its stream is found missing. */
+  let missing: string | undefined;
+
+  const remade = async () => {
+    if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
+    missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+    if (remake === undefined) return;
+    try {
+      await remake();
+    } catch (err) {
+      log.warn({ bucket, err: reasonOf(err) }, "bucket not made again; trying again at the next round");
+      return;
+    }
+    missing = undefined;
+    // The bucket made again is another stream: loaded at once, read from the server meanwhile.
+    asked = { why: "the bucket was made again", trusted: false };
+    untrusted = true;
+    again = true;
+  };
 
   const reload = async (why: string, trusted: boolean, streamCreated: string) => {
     log.warn({ bucket, why }, "loading the bucket again");
@@ -108,7 +135,13 @@ export function resyncing<G extends Load>({
 
   const round = async () => {
     if (stopped() || reloading) return;
-    const { state, created: streamCreated } = await jsm.streams.info(stream);
+    const info = await jsm.streams.info(stream).catch((err: unknown) => {
+      if (errCode(err) === STREAM_NOT_FOUND) return undefined;
+      throw err;
+    });
+    if (info === undefined) return remade();
+    missing = undefined;
+    const { state, created: streamCreated } = info;
     const generation = current();
     const { applied } = generation;
     if (asked !== undefined) return reload(asked.why, asked.trusted, streamCreated);
@@ -156,6 +189,7 @@ export function resyncing<G extends Load>({
   timer.unref();
   return {
     reloading: () => untrusted && (reloading || asked !== undefined),
+    missing: () => missing,
     now: (why, trusted) => {
       // An untrusted ask is not softened by a trusted one.
       asked = asked !== undefined && !asked.trusted ? asked : { why, trusted };
