@@ -8,7 +8,7 @@ import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { setTimeout as sleep } from "node:timers/promises";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
-import { STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
+import { errCode, reasonOf, STREAM_NOT_FOUND, STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
@@ -85,6 +85,32 @@ export async function openStorage(
       await sleep(STREAM_REMADE_AFTER_MS);
       await assertBuckets(nc, config, log);
     })().finally(() => (remaking = undefined)));
+  // The claims bucket has no view to find it missing: a claim no stream answers does, and makes
+  // the buckets again the same way; not ready meanwhile, as no scheduled run can be claimed.
+  const missing = new Map<string, string>();
+  const claimsWrites = writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat));
+  const claims: WriteBucket = {
+    ...claimsWrites,
+    create: (key, value) =>
+      claimsWrites.create(key, value).catch(async (err: unknown) => {
+        const bucket = claimsBucket(config.seat);
+        const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${bucket}`).then(
+          () => false,
+          (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
+        );
+        if (gone && !missing.has(bucket)) {
+          log.warn({ bucket }, "bucket gone; making it again");
+          missing.set(bucket, `bucket ${bucket} does not exist on the server (deleted behind the set): making it again`);
+          void remake()
+            .then(() => missing.delete(bucket))
+            .catch((e: unknown) => {
+              log.warn({ bucket, err: reasonOf(e) }, "bucket not made again; trying again at the next claim");
+              missing.delete(bucket);
+            });
+        }
+        throw err;
+      }),
+  };
   try {
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
@@ -110,12 +136,7 @@ export async function openStorage(
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
     view: (name) => views.get(name) ?? serverView(read(name)),
-    records: recorder(
-      writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)),
-      writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat)),
-      refusers,
-      recordsView!,
-    ),
+    records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), claims, refusers, recordsView!),
     reassert: async () => void (await assertBuckets(nc, config, log)),
     async clockSample() {
       const sentAt = Date.now();
@@ -127,7 +148,7 @@ export async function openStorage(
       });
       return { sentAt, ackedAt, storedAt: nanosOfTime(stored.timestamp) / 1e6 };
     },
-    notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []),
+    notReady: () => [...[...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []), ...missing.values()],
     close: () => {
       for (const view of views.values()) view.stop();
       recordsView!.stop();

@@ -367,6 +367,35 @@ describe("a bucket deleted behind the set (`nats kv rm`)", () => {
   }, 60_000);
 });
 
+describe("the claims bucket deleted behind the set (`nats kv rm`)", () => {
+  it("is found by the next claim, said in readiness, made again, and scheduled runs are claimed again", async () => {
+    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+    const lines: { msg: string; bucket?: string }[] = [];
+    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const running = await start({ config: bus.config, log });
+    const CLAIMS = "KV_mesh-provisioner_claims";
+    try {
+      const jsm = await (await bus.connect()).jetstreamManager();
+      await jsm.streams.delete(CLAIMS);
+      // rotation-fanout claims a run every second.
+      await until(
+        async () => {
+          const body = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] };
+          return (body.reasons ?? []).some((r) => r.includes("bucket mesh-provisioner_claims does not exist on the server"));
+        },
+        10_000,
+        "readiness names the bucket missing",
+      );
+      await until(async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0, 15_000, "claimed again");
+      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
+      expect(lines.filter((l) => l.msg === "bucket gone; making it again").map((l) => l.bucket)).toEqual(["mesh-provisioner_claims"]);
+    } finally {
+      await running.stop();
+      await bus.stop();
+    }
+  }, 60_000);
+});
+
 describe("a hung server (SIGSTOP)", () => {
   it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
     const hung = await testBus();
