@@ -236,11 +236,15 @@ describe("a durable made again, then the server back with an empty store", () =>
         return Number(/^function_runs_total\{function="provider-failing",trigger="event"\} (\S+)$/m.exec(text)?.[1] ?? 0);
       };
 
-      await failing("before");
+      const { seq: floor } = await failing("before");
       await until(followed("before"), 10_000, "the event before followed");
       // Deleted behind the set's back: made again on the same stream, from the first event not acknowledged.
       const jsm = await seat.jetstreamManager();
-      const floor = (await jsm.consumers.info(EVENTS, DURABLE)).ack_floor.stream_seq;
+      await until(
+        async () => (await jsm.consumers.info(EVENTS, DURABLE)).ack_floor.stream_seq === floor,
+        5000,
+        "the event before acknowledged",
+      );
       await until(
         async () => (await jsm.consumers.delete(EVENTS, DURABLE).catch((e: Error) => /not found/.test(e.message))) === true,
         5000,
@@ -279,121 +283,119 @@ describe("a durable made again, then the server back with an empty store", () =>
   }, 90_000);
 });
 
+/** A set on a server whose seat may delete streams, as an operator would; its warnings kept in `lines`. */
+async function deletingSeat(
+  test: (s: {
+    running: Running;
+    lines: { msg: string; bucket?: string }[];
+    seat: NatsConnection;
+    keycloak: JetStreamClient;
+  }) => Promise<void>,
+): Promise<void> {
+  const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+  const lines: { msg: string; bucket?: string }[] = [];
+  const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+  const running = await start({ config: bus.config, log });
+  try {
+    await test({ running, lines, seat: await bus.connect(), keycloak: (await bus.connect("keycloak")).jetstream() });
+  } finally {
+    await running.stop();
+    await bus.stop();
+  }
+}
+/** Publishes keycloak's failing of `consumer` until status names it: the stream or bucket may still be being made again. */
+const followedAfter = (keycloak: JetStreamClient, seat: NatsConnection, consumer: string) =>
+  until(
+    async () =>
+      (await publishFailing(keycloak, consumer)
+        .then(() => true)
+        .catch(() => false)) && (await followedOn(seat, consumer)()),
+    15_000,
+    `followed ${consumer}`,
+  );
+const readyAgain = (running: Running) =>
+  until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
+/** Until `/readyz` gives a reason that includes `text`. */
+const readinessSays = (running: Running, text: string) =>
+  until(
+    async () =>
+      (((await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] }).reasons ?? []).some((r) => r.includes(text)),
+    10_000,
+    `readiness says ${text}`,
+  );
+const madeAgainWarnings = (lines: { msg: string; bucket?: string }[]) =>
+  lines.filter((l) => l.msg === "bucket gone; making it again").map((l) => l.bucket);
+
 describe("the events stream deleted behind the set (`nats stream rm`)", () => {
-  it("is made again, the durable with it, and events published after it are followed", async () => {
-    // The seat may delete streams here: the test deletes it as an operator would.
-    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
-    const lines: { msg: string }[] = [];
-    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
-    const running = await start({ config: bus.config, log });
-    const EVENTS = "mesh-provisioner_events";
-    try {
-      const seat = await bus.connect();
-      const keycloak = (await bus.connect("keycloak")).jetstream();
-      const failing = (consumer: string) => publishFailing(keycloak, consumer);
-      const followed = (consumer: string) => followedOn(seat, consumer);
-      await failing("before");
-      await until(followed("before"), 10_000, "the event before followed");
-      const jsm = await seat.jetstreamManager();
-      await jsm.streams.delete(EVENTS);
-      await until(async () => (await jsm.streams.info(EVENTS).catch(() => undefined)) !== undefined, 15_000, "the stream made again");
-      await until(
-        async () =>
-          (await failing("after")
-            .then(() => true)
-            .catch(() => false)) && (await followed("after")()),
-        15_000,
-        "followed after",
-      );
-      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
-      expect(lines.map((l) => l.msg)).toContain("stream gone; making it again");
-    } finally {
-      await running.stop();
-      await bus.stop();
-    }
-  }, 60_000);
+  it(
+    "is made again, the durable with it, and events published after it are followed",
+    () =>
+      deletingSeat(async ({ running, lines, seat, keycloak }) => {
+        const EVENTS = "mesh-provisioner_events";
+        await publishFailing(keycloak, "before");
+        await until(followedOn(seat, "before"), 10_000, "the event before followed");
+        const jsm = await seat.jetstreamManager();
+        await jsm.streams.delete(EVENTS);
+        await until(async () => (await jsm.streams.info(EVENTS).catch(() => undefined)) !== undefined, 15_000, "the stream made again");
+        await followedAfter(keycloak, seat, "after");
+        await readyAgain(running);
+        expect(lines.map((l) => l.msg)).toContain("stream gone; making it again");
+      }),
+    60_000,
+  );
 });
 
 describe("a bucket deleted behind the set (`nats kv rm`)", () => {
-  it("is said in readiness and refused at once while it is missing, made again, and written and read as before", async () => {
-    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
-    const lines: { msg: string; bucket?: string }[] = [];
-    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
-    const running = await start({ config: bus.config, log });
-    const FAILING = "KV_mesh-provisioner_failing";
-    try {
-      const seat = await bus.connect();
-      const keycloak = (await bus.connect("keycloak")).jetstream();
-      await publishFailing(keycloak, "before");
-      await until(followedOn(seat, "before"), 10_000, "the event before followed");
-      const jsm = await seat.jetstreamManager();
-      const { created } = await jsm.streams.info(FAILING);
-      await jsm.streams.delete(FAILING);
-      // Noticed by the view's next comparison with its stream (every 5 s), and said.
-      const reasons: string[] = [];
-      await until(
-        async () => {
-          const body = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] };
-          reasons.push(...(body.reasons ?? []));
-          return reasons.some((r) => r.includes("bucket mesh-provisioner_failing does not exist on the server"));
-        },
-        10_000,
-        "readiness names the bucket missing",
-      );
-      // Made again 2 s after it is found missing: meanwhile a fresh read is refused at once, saying why.
-      const began = Date.now();
-      const refused = await request(seat, STATUS, {});
-      expect(Date.now() - began).toBeLessThan(1000);
-      expect(refused.body.error).toMatchObject({ code: 503 });
-      expect(refused.body.error.message).toContain("bucket mesh-provisioner_failing does not exist on the server");
-      await until(async () => (await jsm.streams.info(FAILING).catch(() => undefined))?.created !== undefined, 15_000, "made again");
-      expect((await jsm.streams.info(FAILING)).created).not.toBe(created);
-      // What it held is gone with it; what comes after is followed, kept and read.
-      await until(
-        async () =>
-          (await publishFailing(keycloak, "after")
-            .then(() => true)
-            .catch(() => false)) && (await followedOn(seat, "after")()),
-        15_000,
-        "followed after",
-      );
-      expect((await request(seat, STATUS, { consumer: "before" })).body.failing).toEqual([]);
-      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
-      expect(lines.filter((l) => l.msg === "bucket gone; making it again").map((l) => l.bucket)).toEqual(["mesh-provisioner_failing"]);
-    } finally {
-      await running.stop();
-      await bus.stop();
-    }
-  }, 60_000);
+  it(
+    "is said in readiness and refused at once while it is missing, made again, and written and read as before",
+    () =>
+      deletingSeat(async ({ running, lines, seat, keycloak }) => {
+        const FAILING = "KV_mesh-provisioner_failing";
+        await publishFailing(keycloak, "before");
+        await until(followedOn(seat, "before"), 10_000, "the event before followed");
+        const jsm = await seat.jetstreamManager();
+        const { created } = await jsm.streams.info(FAILING);
+        await jsm.streams.delete(FAILING);
+        // Found by the view's next comparison with its stream (every 5 s), and said.
+        await readinessSays(running, "bucket mesh-provisioner_failing does not exist on the server");
+        // Made again 2 s after it is found missing: meanwhile a fresh read is refused at once, saying why.
+        const began = Date.now();
+        const refused = await request(seat, STATUS, {});
+        expect(Date.now() - began).toBeLessThan(1000);
+        expect(refused.body.error).toMatchObject({ code: 503 });
+        expect(refused.body.error.message).toContain("bucket mesh-provisioner_failing does not exist on the server");
+        await until(async () => (await jsm.streams.info(FAILING).catch(() => undefined))?.created !== undefined, 15_000, "made again");
+        expect((await jsm.streams.info(FAILING)).created).not.toBe(created);
+        // What it held is gone with it; what comes after is followed, kept and read.
+        await followedAfter(keycloak, seat, "after");
+        expect((await request(seat, STATUS, { consumer: "before" })).body.failing).toEqual([]);
+        await readyAgain(running);
+        expect(madeAgainWarnings(lines)).toEqual(["mesh-provisioner_failing"]);
+      }),
+    60_000,
+  );
 });
 
 describe("the claims bucket deleted behind the set (`nats kv rm`)", () => {
-  it("is found by the next claim, said in readiness, made again, and scheduled runs are claimed again", async () => {
-    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
-    const lines: { msg: string; bucket?: string }[] = [];
-    const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
-    const running = await start({ config: bus.config, log });
-    const CLAIMS = "KV_mesh-provisioner_claims";
-    try {
-      const jsm = await (await bus.connect()).jetstreamManager();
-      await jsm.streams.delete(CLAIMS);
-      // rotation-fanout claims a run every second.
-      await until(
-        async () => {
-          const body = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons?: string[] };
-          return (body.reasons ?? []).some((r) => r.includes("bucket mesh-provisioner_claims does not exist on the server"));
-        },
-        10_000,
-        "readiness names the bucket missing",
-      );
-      await until(async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0, 15_000, "claimed again");
-      await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 10_000, "ready again");
-      expect(lines.filter((l) => l.msg === "bucket gone; making it again").map((l) => l.bucket)).toEqual(["mesh-provisioner_claims"]);
-    } finally {
-      await running.stop();
-      await bus.stop();
-    }
-  }, 60_000);
+  it(
+    "is found by the next claim, said in readiness, made again, and scheduled runs are claimed again",
+    () =>
+      deletingSeat(async ({ running, lines, seat }) => {
+        const CLAIMS = "KV_mesh-provisioner_claims";
+        const jsm = await seat.jetstreamManager();
+        await jsm.streams.delete(CLAIMS);
+        // rotation-fanout claims a run every second.
+        await readinessSays(running, "bucket mesh-provisioner_claims does not exist on the server");
+        await until(
+          async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0,
+          15_000,
+          "claimed again",
+        );
+        await readyAgain(running);
+        expect(madeAgainWarnings(lines)).toEqual(["mesh-provisioner_claims"]);
+      }),
+    60_000,
+  );
 });
 
 describe("a hung server (SIGSTOP)", () => {
