@@ -125,7 +125,8 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
 
 /**
  * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime` and
- * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), on the connection
+ * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), or of those the buckets named in
+ * `only` (by their bucket names: those found deleted behind the set), on the connection
  * (docs/buckets.md §2.4): a missing one is created as a JetStream key-value bucket with the
  * config's `history`, `replicas` (the bucket's, else the config's), `maxAgeSeconds` and
  * `maxBytes`, refusing rollup headers (so no writer can erase keys it was not granted); an
@@ -138,7 +139,7 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
  * with the server's last reason, when the server refuses or does not answer for
  * {@link ASSERT_RETRY_MS}, and saying so when the server or the seat's account has no JetStream.
  */
-export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger): Promise<Map<string, KV>> {
+export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger, only?: readonly string[]): Promise<Map<string, KV>> {
   const server = nc.getServer();
   // One deadline for every request: the whole assertion gives up after ASSERT_RETRY_MS.
   const deadline = Date.now() + ASSERT_RETRY_MS;
@@ -165,11 +166,13 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
   }
   // Opening a bucket asks nothing of the server: whether JetStream is on was just asked.
   const js = nc.jetstream({ checkAPI: false });
-  const all: [string, BucketConfig][] = [
-    ...Object.entries(config.buckets),
-    [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
-    [CLAIMS, { bucket: claimsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1, maxAgeSeconds: CLAIM_DAYS * 86_400 }],
-  ];
+  const all: [string, BucketConfig][] = (
+    [
+      ...Object.entries(config.buckets),
+      [RECORDS, { bucket: recordsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1 }],
+      [CLAIMS, { bucket: claimsBucket(config.seat), writtenBy: "seat", readBy: [], history: 1, maxAgeSeconds: CLAIM_DAYS * 86_400 }],
+    ] satisfies [string, BucketConfig][]
+  ).filter(([, { bucket }]) => only === undefined || only.includes(bucket));
   const wanted = ({ history, replicas, maxAgeSeconds, maxBytes }: BucketConfig): StreamSettings => ({
     num_replicas: replicas ?? config.replicas,
     max_msgs_per_subject: history,

@@ -14,6 +14,7 @@ import {
   type QueuedIterator,
 } from "nats";
 import { RevisionConflict } from "./errors.ts";
+import { STREAM_NOT_FOUND } from "./jetstream.ts";
 import { publisherOf } from "./publisher.ts";
 import type { Entry, KeyRecord, ListOptions, ReadBucket, WriteBucket } from "./types.ts";
 
@@ -198,10 +199,11 @@ export async function scan(nc: NatsConnection, bucket: string, filter: string, d
       timeout: 5000,
     });
     const answer = reply.json() as {
-      error?: { code?: number; description?: string };
+      error?: { code?: number; err_code?: number; description?: string };
       message?: { subject: string; seq: number; hdrs?: string; data?: string; time: string };
     };
-    if (answer.error?.code === 404) break;
+    // No message after `seq`: the end. Not the stream missing (its bucket deleted), also a 404.
+    if (answer.error?.code === 404 && answer.error.err_code !== STREAM_NOT_FOUND) break;
     if (answer.message === undefined) throw new Error(`${bucket}: ${answer.error?.description ?? "no message in the stream's answer"}`);
     const { subject, seq: at, hdrs, data, time } = answer.message;
     // Read as nats.js reads a watch's: the header by its exact name, its whole value.

@@ -89,3 +89,10 @@ export function retryElecting<T>(attempt: () => Promise<T>, options: RetryOption
  * same name may lose its files to that removal, and then holds messages it can give nobody.
  */
 export const STREAM_REMADE_AFTER_MS = 2000;
+
+/**
+ * The subject of the server's advisory that stream `KV_<bucket>` was made (`created`) or deleted
+ * (`deleted`), published in the stream's account.
+ */
+export const advisorySubject = (what: "created" | "deleted", bucket: string): string =>
+  `$JS.EVENT.ADVISORY.STREAM.${what.toUpperCase()}.KV_${bucket}`;

@@ -5,6 +5,7 @@
  */
 import type { LoadedFunction } from "./define.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
+import { advisorySubject } from "./jetstream.ts";
 import { KINDS } from "./triggers/index.ts";
 import { targetsOf } from "./triggers/kind.ts";
 import { MARKER_KEY } from "./views/index.ts";
@@ -109,7 +110,17 @@ export function seatPermissions(config: Config, functions: readonly LoadedFuncti
         "_R_.>",
       ]),
     },
-    subscribe: { allow: unique([`${inboxOf(config.seat)}.>`, ...kinds.flatMap((k) => k.subscribe)]) },
+    subscribe: {
+      allow: unique([
+        `${inboxOf(config.seat)}.>`,
+        // The server's advisories of its buckets' streams made and deleted (docs/operations.md §13.4).
+        ...[...Object.values(config.buckets).map((b) => b.bucket), runtime, claims].flatMap((b) => [
+          advisorySubject("created", b),
+          advisorySubject("deleted", b),
+        ]),
+        ...kinds.flatMap((k) => k.subscribe),
+      ]),
+    },
   };
 }
 

@@ -8,7 +8,7 @@ import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { setTimeout as sleep } from "node:timers/promises";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
-import { errCode, reasonOf, STREAM_NOT_FOUND, STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
+import { advisorySubject, errCode, reasonOf, STREAM_NOT_FOUND, STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
@@ -77,50 +77,63 @@ export async function openStorage(
   const recordsRead = readBucket(kvs.get(RECORDS)!, recordsBucket(config.seat), nc);
   let recordsView: LiveView | undefined;
   const progress = loadProgress(log, progressOptions);
-  // A viewed bucket found deleted behind the set (`nats kv rm`) is made again as at the start,
-  // with every other one missing: once for every view that finds it so (docs/operations.md §13.4).
+  // Buckets deleted behind the set (`nats kv rm`), found by their views, by the server's
+  // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
+  // again as at the start, those alone, 2 s after the last deletion known (docs/operations.md §13.4).
+  const toRemake = new Set<string>();
+  let lastGoneAt = 0;
   let remaking: Promise<void> | undefined;
-  const remake = () =>
-    (remaking ??= (async () => {
-      await sleep(STREAM_REMADE_AFTER_MS);
-      await assertBuckets(nc, config, log);
+  const remake = (bucket: string) => {
+    toRemake.add(bucket);
+    lastGoneAt = performance.now();
+    return (remaking ??= (async () => {
+      for (;;) {
+        for (let wait = STREAM_REMADE_AFTER_MS; wait > 0; wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now()) await sleep(wait);
+        const buckets = [...toRemake];
+        if (buckets.length === 0) return;
+        toRemake.clear();
+        await assertBuckets(nc, config, log, buckets);
+      }
     })().finally(() => (remaking = undefined)));
-  // The claims bucket has no view to find it missing: a claim no stream answers does, and makes
-  // the buckets again the same way; not ready meanwhile, as no scheduled run can be claimed.
+  };
+  // Not ready while the claims bucket is missing: no scheduled run can be claimed.
   const missing = new Map<string, string>();
-  const claimsWrites = writeBucket(kvs.get(CLAIMS)!, js, claimsBucket(config.seat));
+  const claimsName = claimsBucket(config.seat);
+  const claimsGone = () => {
+    if (missing.has(claimsName)) return;
+    log.warn({ bucket: claimsName }, "bucket gone; making it again");
+    missing.set(claimsName, `bucket ${claimsName} does not exist on the server (deleted behind the set): making it again`);
+    void remake(claimsName)
+      .catch((e: unknown) => log.warn({ bucket: claimsName, err: reasonOf(e) }, "bucket not made again; trying again at the next claim"))
+      .finally(() => missing.delete(claimsName));
+  };
+  const claimsWrites = writeBucket(kvs.get(CLAIMS)!, js, claimsName);
   const claims: WriteBucket = {
     ...claimsWrites,
     create: (key, value) =>
       claimsWrites.create(key, value).catch(async (err: unknown) => {
-        const bucket = claimsBucket(config.seat);
-        const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${bucket}`).then(
+        const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${claimsName}`).then(
           () => false,
           (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
         );
-        if (gone && !missing.has(bucket)) {
-          log.warn({ bucket }, "bucket gone; making it again");
-          missing.set(bucket, `bucket ${bucket} does not exist on the server (deleted behind the set): making it again`);
-          void remake()
-            .then(() => missing.delete(bucket))
-            .catch((e: unknown) => {
-              log.warn({ bucket, err: reasonOf(e) }, "bucket not made again; trying again at the next claim");
-              missing.delete(bucket);
-            });
-        }
+        if (gone) claimsGone();
         throw err;
       }),
   };
   try {
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
-        const view = await openView(nc, config.buckets[name]!.bucket, read(name), log, { progress, remake });
+        const bucket = config.buckets[name]!.bucket;
+        const view = await openView(nc, bucket, read(name), log, { progress, remake: () => remake(bucket) });
         views.set(name, view);
         await view.loaded;
         await view.check();
       }),
       (async () => {
-        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, { progress, remake });
+        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, {
+          progress,
+          remake: () => remake(recordsBucket(config.seat)),
+        });
         await recordsView.loaded;
         await recordsView.check();
       })(),
@@ -132,6 +145,17 @@ export async function openStorage(
   } finally {
     progress.stop();
   }
+  // The server says at once when a bucket's stream is deleted or made (docs/operations.md §13.4).
+  const advised = new Map<string, (what: "created" | "deleted") => void>([
+    ...[...views].map(([name, view]) => [config.buckets[name]!.bucket, view.advised] as const),
+    [recordsBucket(config.seat), recordsView!.advised],
+    [claimsName, (what: "created" | "deleted") => void (what === "deleted" && claimsGone())],
+  ]);
+  const advisories = [...advised].flatMap(([bucket, to]) =>
+    (["created", "deleted"] as const).map((what) =>
+      nc.subscribe(advisorySubject(what, bucket), { callback: (err) => void (err === null && to(what)) }),
+    ),
+  );
   return {
     read,
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
@@ -150,6 +174,7 @@ export async function openStorage(
     },
     notReady: () => [...[...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []), ...missing.values()],
     close: () => {
+      for (const sub of advisories) sub.unsubscribe();
       for (const view of views.values()) view.stop();
       recordsView!.stop();
     },

@@ -286,6 +286,7 @@ describe("a durable made again, then the server back with an empty store", () =>
 /** A set on a server whose seat may delete streams, as an operator would; its warnings kept in `lines`. */
 async function deletingSeat(
   test: (s: {
+    bus: TestBus;
     running: Running;
     lines: { msg: string; bucket?: string }[];
     seat: NatsConnection;
@@ -297,7 +298,7 @@ async function deletingSeat(
   const log = pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
   const running = await start({ config: bus.config, log });
   try {
-    await test({ running, lines, seat: await bus.connect(), keycloak: (await bus.connect("keycloak")).jetstream() });
+    await test({ bus, running, lines, seat: await bus.connect(), keycloak: (await bus.connect("keycloak")).jetstream() });
   } finally {
     await running.stop();
     await bus.stop();
@@ -378,6 +379,42 @@ describe("a bucket deleted behind the set (`nats kv rm`)", () => {
         expect((await request(seat, STATUS, { consumer: "before" })).body.failing).toEqual([]);
         await readyAgain(running);
         expect(madeAgainWarnings(lines)).toEqual(["mesh-provisioner_failing"]);
+      }),
+    60_000,
+  );
+});
+
+describe("a bucket deleted and made again by hand (`nats kv rm`, then `nats kv add`)", () => {
+  it(
+    "is never read as fresh from what the deleted one held: told by the server's advisories, the view loads the new one",
+    () =>
+      deletingSeat(async ({ bus, seat }) => {
+        const NEEDS = "KV_mesh-provisioner_needs";
+        const old = await bus.kv("needs", "alder");
+        for (let i = 0; i < 5; i++) await old.put(`alder.old${i}.config.k`, '"old"');
+        const keys = async () => {
+          const { body } = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
+          return body.error === undefined ? (body.entries as { key: string }[]).map((e) => e.key) : body.error.code;
+        };
+        expect(await keys()).toHaveLength(5);
+        const jsm = await seat.jetstreamManager();
+        const { config } = await jsm.streams.info(NEEDS);
+        await jsm.streams.delete(NEEDS);
+        // As an operator would: nats-server 2.9 removes the deleted stream's folder late.
+        await new Promise((r) => setTimeout(r, 2000));
+        await jsm.streams.add(config);
+        await (await bus.kv("needs", "alder")).put("alder.new.config.k", '"new"');
+        // Every answer from now on: the new bucket's keys, or refused; never the old ones.
+        const answers: (string[] | number)[] = [];
+        await until(
+          async () => {
+            answers.push(await keys());
+            return JSON.stringify(answers.at(-1)) === JSON.stringify(["alder.new.config.k"]);
+          },
+          10_000,
+          "the new bucket read",
+        );
+        expect(answers.filter((a) => typeof a !== "number" && a.some((k) => k.startsWith("alder.old")))).toEqual([]);
       }),
     60_000,
   );

@@ -93,7 +93,8 @@ export function appliedAt(generation: Generation, sequence: number): { readonly 
 /**
  * Starts a generation: a watch of every key of the bucket behind `kv` (`$KV.<bucket>.>`, last
  * values then updates, its creation waited for `waits`, see {@link watchOf}) applied to a new store. `applied` is called after each record is
- * applied, with the entry; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped").
+ * applied, with the entry; `ended` once when the watch ends (stopped, or failed: then logged as "view stopped"),
+ * and `loaded` rejects when it ends before it held the bucket.
  * Throws `cannot watch bucket <bucket>: …` when the watch cannot be created.
  */
 export async function startGeneration(
@@ -104,7 +105,13 @@ export async function startGeneration(
   waits?: readonly number[],
 ): Promise<Generation> {
   let loadedFn!: () => void;
-  const loaded = new Promise<void>((resolve) => (loadedFn = resolve));
+  let endedFn!: (err: Error) => void;
+  const loaded = new Promise<void>((resolve, reject) => {
+    loadedFn = resolve;
+    endedFn = reject;
+  });
+  // Said to whoever waits for it; nobody may.
+  loaded.catch(() => {});
   let watch: QueuedIterator<KvEntry>;
   try {
     watch = await watchOf(kv, { key: ">", initializedFn: () => loadedFn() }, waits);
@@ -133,7 +140,11 @@ export async function startGeneration(
     }
   })()
     .catch((err: unknown) => log.error({ bucket, err }, "view stopped"))
-    .finally(() => on.ended(generation));
+    .finally(() => {
+      // A watch that ends before it held the bucket (the stream deleted meanwhile) never will.
+      endedFn(new Error(`the watch of bucket ${bucket} ended before it held the bucket`));
+      on.ended(generation);
+    });
   return generation;
 }
 

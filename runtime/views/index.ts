@@ -39,6 +39,12 @@ export interface LiveView extends ViewBucket {
    * current (docs/verb.md §4.6.2).
    */
   trouble(): string | undefined;
+  /**
+   * The server's advisories of its stream (docs/operations.md §13.4): `deleted`, said at once and
+   * made again as {@link openView}'s `remake` says; `created` (made again, by the set or by hand),
+   * loaded again at once, what it held no longer read as fresh.
+   */
+  advised(what: "created" | "deleted"): void;
   /** Stops the watch and the checks; reads go to the server from then on. */
   stop(): void;
 }
@@ -187,7 +193,7 @@ export async function openView(
       of: state.num_subjects ?? (state.messages === 0 ? 0 : state.messages),
       loaded: () => first.store.size,
     });
-    void first.loaded.then(done);
+    first.loaded.then(done, () => {});
   }
 
   const resync = resyncing({
@@ -370,6 +376,11 @@ export async function openView(
     confirmedAt: () => fresh.confirmedAt(),
     check,
     trouble,
+    advised: (what) => {
+      if (stopped) return;
+      if (what === "deleted") resync.gone();
+      else resync.now("its stream was made again", false);
+    },
     stop: () => {
       stopped = true;
       clearInterval(checks);

@@ -37,6 +37,11 @@ export interface Resync {
   now(why: string, trusted: boolean): void;
   /** Why the view cannot load its bucket: the stream does not exist (deleted behind the set); none otherwise. */
   missing(): string | undefined;
+  /**
+   * The stream was deleted (the server's advisory said so): said by {@link Resync.missing} at once,
+   * made again by `remake`, then loaded.
+   */
+  gone(): void;
   /** Stops the periodic comparison and the watch of a load under way. */
   stop(): void;
 }
@@ -92,7 +97,9 @@ export function resyncing<G extends Load>({
   /** Why the bucket cannot be loaded while its stream is found missing. */
   let missing: string | undefined;
 
-  const remade = async () => {
+  let remaking: Promise<void> | undefined;
+  const remade = () => (remaking ??= remadeOnce().finally(() => (remaking = undefined)));
+  const remadeOnce = async () => {
     if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
     missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
     if (remake === undefined) return;
@@ -106,7 +113,7 @@ export function resyncing<G extends Load>({
     // The bucket made again is another stream: loaded at once, read from the server meanwhile.
     asked = { why: "the bucket was made again", trusted: false };
     untrusted = true;
-    again = true;
+    tick();
   };
 
   const reload = async (why: string, trusted: boolean, streamCreated: string) => {
@@ -190,6 +197,7 @@ export function resyncing<G extends Load>({
   return {
     reloading: () => untrusted && (reloading || asked !== undefined),
     missing: () => missing,
+    gone: () => void remade(),
     now: (why, trusted) => {
       // An untrusted ask is not softened by a trusted one.
       asked = asked !== undefined && !asked.trusted ? asked : { why, trusted };
