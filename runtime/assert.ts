@@ -126,7 +126,8 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
 /**
  * Asserts every bucket of `config.buckets`, and the runtime's own `<seat>_runtime` and
  * `<seat>_claims` (whose keys go after {@link CLAIM_DAYS} days), or of those the buckets named in
- * `only` (by their bucket names: those found deleted behind the set), on the connection
+ * `only` (by their bucket names: those found deleted behind the set), telling `created` of each
+ * one it makes, on the connection
  * (docs/buckets.md §2.4): a missing one is created as a JetStream key-value bucket with the
  * config's `history`, `replicas` (the bucket's, else the config's), `maxAgeSeconds` and
  * `maxBytes`, refusing rollup headers (so no writer can erase keys it was not granted); an
@@ -139,7 +140,12 @@ function olderThan(version: string, than: readonly [number, number, number]): bo
  * with the server's last reason, when the server refuses or does not answer for
  * {@link ASSERT_RETRY_MS}, and saying so when the server or the seat's account has no JetStream.
  */
-export async function assertBuckets(nc: NatsConnection, config: Config, log: Logger, only?: readonly string[]): Promise<Map<string, KV>> {
+export async function assertBuckets(
+  nc: NatsConnection,
+  config: Config,
+  log: Logger,
+  { only, created }: { only?: readonly string[]; created?: (bucket: string) => void } = {},
+): Promise<Map<string, KV>> {
   const server = nc.getServer();
   // One deadline for every request: the whole assertion gives up after ASSERT_RETRY_MS.
   const deadline = Date.now() + ASSERT_RETRY_MS;
@@ -233,6 +239,7 @@ export async function assertBuckets(nc: NatsConnection, config: Config, log: Log
         // Made meanwhile by another replica or the controller, with other settings.
         const said = differs(bucket, info, settings);
         if (said) throw new Error(said);
+        created?.(bucket);
       } else if (leaderless(info)) {
         // Found as a member holds it: used once its leader answers.
         info = await streamInfo(jsm, `KV_${bucket}`, log, deadline, true).catch((err: Error) => {

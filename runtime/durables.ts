@@ -55,8 +55,14 @@ export async function bindDurable(
   log: Logger,
   from?: number | "first",
 ): Promise<ConsumerInfo> {
-  // The stream was just asserted or read: one said not found has a group without a leader yet.
-  const retry = { log, about: { stream, durable }, deadline: Date.now() + ASSERT_RETRY_MS, alsoWhile: streamNotFound };
+  // The stream was just asserted: one said not found has a group without a leader yet. Made
+  // again from the consume loop (`from`), a stream not found is its to handle (deleted meanwhile).
+  const retry = {
+    log,
+    about: { stream, durable },
+    deadline: Date.now() + ASSERT_RETRY_MS,
+    ...(from === undefined ? { alsoWhile: streamNotFound } : {}),
+  };
   const ask = <T>(request: () => Promise<T>) => retryElecting(request, retry);
   /** A consumer's info, or `undefined` only when the server says it is not there. */
   const info = (name: string) =>

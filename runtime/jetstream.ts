@@ -55,7 +55,7 @@ export interface RetryOptions {
  * Runs `attempt` (a JetStream API request) until it resolves, again after 0.2 s doubling to 2 s
  * (jittered) while it fails as {@link electing} or `alsoWhile` says, until the deadline. Throws
  * any other failure at once, and one past the deadline as `<its message> (still so after <n> s
- * of asking again)`.
+ * of asking again)`, with its `code` and JetStream error code ({@link errCode}).
  */
 export function retryElecting<T>(attempt: () => Promise<T>, options: RetryOptions): Promise<T> {
   const { log, about, deadline = Date.now() + ASSERT_RETRY_MS, alsoWhile = () => false } = options;
@@ -68,7 +68,9 @@ export function retryElecting<T>(attempt: () => Promise<T>, options: RetryOption
         if (!electing(err) && !alsoWhile(err)) throw new AbortError(err as Error);
         if (Date.now() < deadline) throw err;
         const last = `${reasonOf(err)} (still so after ${Math.round((Date.now() - began) / 1000)} s of asking again)`;
-        throw new AbortError(Object.assign(new Error(last, { cause: err }), { code: (err as { code?: string }).code }));
+        // Its code and JetStream's error code kept, for the caller to tell it apart.
+        const kept = { code: (err as { code?: string }).code, api_error: { err_code: errCode(err) } };
+        throw new AbortError(Object.assign(new Error(last, { cause: err }), kept));
       }
     },
     {

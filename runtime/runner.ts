@@ -43,6 +43,8 @@ export interface Runner {
   run(fn: LoadedFunction, input: RawInput, trigger: TriggerInfo): Promise<Outcome>;
   /** Asserts the buckets again, creating what the server lost (docs/buckets.md §2.4). */
   reassert(): Promise<void>;
+  /** Calls `listener` each time buckets were made again (found deleted behind the set, or lost by the server). */
+  onMadeAgain(listener: () => void): void;
   /** Why the runner cannot serve as it should now: views loading their bucket again, JetStream refusing writes or not answering them. */
   notReady(): string[];
   /** Stops the live views. */
@@ -239,6 +241,7 @@ export async function openRunner({
       await storage.reassert();
       await capacity.probe();
     },
+    onMadeAgain: (listener) => storage.onMadeAgain(listener),
     notReady: () => [...storage.notReady(), ...capacity.notReady()],
     close: () => {
       serverTime?.stop();

@@ -223,6 +223,12 @@ export async function start(options: StartOptions): Promise<Running> {
     };
     for (const kind of KINDS) bindings.push(await kind.bind(targetsOf(functions, kind), env));
     for (const binding of bindings) await binding.afterBind?.();
+    // Buckets made again (found deleted, or lost by the server): what is made at start, made again.
+    opened.onMadeAgain(() => {
+      void (async () => {
+        for (const binding of bindings) await binding.madeAgain?.();
+      })().catch((err: unknown) => log.warn({ err: (err as Error).message }, "runs at start not made again"));
+    });
     // Ready means the server has every subscription: a request sent now finds its responder.
     await session.nc.flush();
     bound = true;

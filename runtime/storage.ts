@@ -35,6 +35,8 @@ export interface Storage {
   clockSample(): Promise<ClockSample>;
   /** Why reads cannot be served from memory now: views that cannot be confirmed current, and why (docs/verb.md §4.6.2). */
   notReady(): string[];
+  /** Calls `listener` each time buckets were made again (found deleted behind the set, or lost by the server). */
+  onMadeAgain(listener: () => void): void;
   /** Stops the live views. */
   close(): void;
 }
@@ -80,6 +82,16 @@ export async function openStorage(
   // Buckets deleted behind the set (`nats kv rm`), found by their views, by the server's
   // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
   // again as at the start, those alone, 2 s after the last deletion known (docs/operations.md §13.4).
+  const madeAgain = new Set<() => void>();
+  const made = { created: (bucket: string) => void log.info({ bucket }, "bucket made again") };
+  const tellMadeAgain = (count: number) => {
+    if (count > 0) for (const listener of madeAgain) listener();
+  };
+  const assertAgain = async (only?: readonly string[]) => {
+    let count = 0;
+    await assertBuckets(nc, config, log, { only, created: (bucket) => (made.created(bucket), count++) });
+    tellMadeAgain(count);
+  };
   const toRemake = new Set<string>();
   let lastGoneAt = 0;
   let remaking: Promise<void> | undefined;
@@ -92,7 +104,7 @@ export async function openStorage(
         const buckets = [...toRemake];
         if (buckets.length === 0) return;
         toRemake.clear();
-        await assertBuckets(nc, config, log, buckets);
+        await assertAgain(buckets);
       }
     })().finally(() => (remaking = undefined)));
   };
@@ -161,7 +173,8 @@ export async function openStorage(
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
     view: (name) => views.get(name) ?? serverView(read(name)),
     records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), claims, refusers, recordsView!),
-    reassert: async () => void (await assertBuckets(nc, config, log)),
+    reassert: () => assertAgain(),
+    onMadeAgain: (listener) => void madeAgain.add(listener),
     async clockSample() {
       const sentAt = Date.now();
       const seq = await kvs.get(RECORDS)!.put(CLOCK_KEY, "");

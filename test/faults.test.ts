@@ -346,6 +346,28 @@ describe("the events stream deleted behind the set (`nats stream rm`)", () => {
   );
 });
 
+describe("the events' durable deleted, then its stream, one right after the other", () => {
+  it(
+    "is followed again within seconds: the stream found missing is made again, not asked for 30 s",
+    () =>
+      deletingSeat(async ({ running, seat, keycloak }) => {
+        const EVENTS = "mesh-provisioner_events";
+        await publishFailing(keycloak, "before");
+        await until(followedOn(seat, "before"), 10_000, "the event before followed");
+        const jsm = await seat.jetstreamManager();
+        await jsm.consumers.delete(EVENTS, "mesh-provisioner-events");
+        await jsm.streams.delete(EVENTS);
+        const deletedAt = Date.now();
+        await followedAfter(keycloak, seat, "after");
+        // Made again 2 s after it was found missing; asking for the stream until the durable's 30 s
+        // of retries ran out took 35 s.
+        expect(Date.now() - deletedAt).toBeLessThan(15_000);
+        await readyAgain(running);
+      }),
+    60_000,
+  );
+});
+
 describe("a bucket deleted behind the set (`nats kv rm`)", () => {
   it(
     "is said in readiness and refused at once while it is missing, made again, and written and read as before",
@@ -415,6 +437,31 @@ describe("a bucket deleted and made again by hand (`nats kv rm`, then `nats kv a
           "the new bucket read",
         );
         expect(answers.filter((a) => typeof a !== "number" && a.some((k) => k.startsWith("alder.old")))).toEqual([]);
+      }),
+    60_000,
+  );
+});
+
+describe("the registry's bucket deleted behind the set", () => {
+  it(
+    "is made again and compiled again at once, as at start, not at the next hour",
+    () =>
+      deletingSeat(async ({ running, seat }) => {
+        const REGISTRY = "KV_mesh-provisioner_registry";
+        const kinds = async () =>
+          ((await (await fetch(`${running.httpUrl}/provisioning?what=registry`)).json()) as { entries?: unknown[] }).entries?.length;
+        const compiled = (await kinds())!;
+        expect(compiled).toBeGreaterThan(0);
+        const jsm = await seat.jetstreamManager();
+        await jsm.streams.delete(REGISTRY);
+        await readinessSays(running, "bucket mesh-provisioner_registry does not exist on the server");
+        await until(
+          async () => (await jsm.streams.info(REGISTRY).catch(() => undefined))?.state.messages === compiled,
+          15_000,
+          "compiled again",
+        );
+        await readyAgain(running);
+        expect(await kinds()).toBe(compiled);
       }),
     60_000,
   );

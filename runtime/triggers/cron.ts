@@ -94,7 +94,8 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
 
   /**
    * Once every kind is bound, runs every `{ cron, onStart: true }` function once (in order,
-   * awaited), then schedules every trigger. A scheduled time is run only by the replica that
+   * awaited), and again whenever the set made buckets again (docs/operations.md §13.4), then
+   * schedules every trigger. A scheduled time is run only by the replica that
    * claims it, by that time ({@link dueAt}); a claim that cannot be made skips the run; a run
    * still going when the next is due skips that one. Not ready while a function's run at start failed, until it runs again.
    * Stopping waits, within the grace, for the runs in hand.
@@ -104,13 +105,19 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
     let jobs: Cron[] = [];
     // Runs in hand, which stop waits for (within the grace).
     const running = new Set<Promise<unknown>>();
+    const runAtStart = async () => {
+      for (const { fn, trigger } of targets) {
+        if (!trigger.onStart) continue;
+        const outcome = await env.run(fn, { value: {} }, { kind: "start" });
+        if (outcome.ok) failedAtStart.delete(fn.name);
+        else failedAtStart.add(fn.name);
+      }
+    };
     return {
+      // What is made at start is made again with the buckets that held it.
+      madeAgain: runAtStart,
       async afterBind() {
-        for (const { fn, trigger } of targets) {
-          if (!trigger.onStart) continue;
-          const outcome = await env.run(fn, { value: {} }, { kind: "start" });
-          if (!outcome.ok) failedAtStart.add(fn.name);
-        }
+        await runAtStart();
         jobs = targets.map(({ fn, trigger }) => {
           const schedule = scheduleOf(trigger);
           // The first time the job will fire for; each run is named from the one before.

@@ -90,6 +90,11 @@ export interface Binding {
    * server back with an empty store). Throws when it cannot; start tries again.
    */
   reconnected?(): Promise<void>;
+  /**
+   * What it does when the set made buckets again (found deleted behind it, or lost by a server
+   * back with an empty store): the cron kind runs its `onStart` functions again.
+   */
+  madeAgain?(): Promise<void>;
   /** The config's streams it uses, by config name, as the server last said: their use and their durables' progress. */
   streams?(): Readonly<Record<string, StreamUse>>;
   /** Where it listens, for the start banner (the HTTP server's URL). */
