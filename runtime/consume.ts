@@ -89,6 +89,8 @@ export interface Shared {
   readonly gone: Map<string, string>;
   /** Asserts the binding's streams again, as at the start (one deleted behind the set is made again), and tells each durable of them; callers meanwhile share one. */
   reassert(): Promise<void>;
+  /** The streams' use is read again now (a stream found gone, or a durable made again): status says it at once. */
+  changed(): void;
 }
 
 /** A durable consumer followed: the stream's name in the config and on the server, and the durable's name. */
@@ -312,6 +314,7 @@ export function followDurable<F>(
             // Deleted behind the set: made again as at the start, then the durable from its first message.
             shared.gone.set(durable, `stream ${stream} does not exist: making it again, then durable consumer ${durable}`);
             log.warn({ stream, durable }, "stream gone; making it again");
+            shared.changed();
             await new Promise((r) => setTimeout(r, STREAM_REMADE_AFTER_MS));
             if (shared.stopping()) return;
             await shared.reassert().catch((e: unknown) => log.warn({ stream, err: reasonOf(e) }, "stream not made again"));
@@ -325,6 +328,7 @@ export function followDurable<F>(
       pending.clear();
       succeeded.clear();
       shared.gone.delete(durable);
+      shared.changed();
       log.info({ stream, durable, from: start }, "durable consumer made again");
     }
   })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));

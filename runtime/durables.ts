@@ -137,7 +137,7 @@ export const STREAMS_MS = 5000;
 
 /**
  * The use of each of the `held` streams and the progress of its durable, read every
- * {@link STREAMS_MS} (stream info, consumer info, each within 2 s); what a read that fails
+ * {@link STREAMS_MS} and when `refresh` asks (stream info, consumer info, each within 2 s); what a read that fails
  * would have said is left as it last was (docs/runtime.md §6.11). Each durable's
  * acknowledgement floor read goes to `floors`, with the creation time of the stream read.
  */
@@ -146,7 +146,7 @@ export function watchStreams(
   config: Config,
   held: readonly Pick<Durable, "name" | "stream" | "durable">[],
   floors: (durable: string, created: string, floor: number) => void,
-): { streams(): Record<string, StreamUse>; stop(): void } {
+): { streams(): Record<string, StreamUse>; refresh(): void; stop(): void } {
   const use: Record<string, StreamUse> = {};
   let reading: Promise<void> | undefined;
   const read = () =>
@@ -189,5 +189,10 @@ export function watchStreams(
   void read();
   const timer = setInterval(read, STREAMS_MS);
   timer.unref();
-  return { streams: () => ({ ...use }), stop: () => clearInterval(timer) };
+  return {
+    streams: () => ({ ...use }),
+    // A read in hand may have started before the change: another follows it.
+    refresh: () => void (reading ?? Promise.resolve()).then(read),
+    stop: () => clearInterval(timer),
+  };
 }

@@ -337,8 +337,12 @@ describe("the events stream deleted behind the set (`nats stream rm`)", () => {
         await until(followedOn(seat, "before"), 10_000, "the event before followed");
         const jsm = await seat.jetstreamManager();
         await jsm.streams.delete(EVENTS);
+        // Said at once, not at the next reading of the streams' use (every 5 s).
+        const recording = async () => ((await request(seat, STATUS, {})).body as Status).events.recording;
+        await until(async () => (await recording()) === false, 2000, "status: no event recorded");
         await until(async () => (await jsm.streams.info(EVENTS).catch(() => undefined)) !== undefined, 15_000, "the stream made again");
         await followedAfter(keycloak, seat, "after");
+        await until(recording, 2000, "status: events recorded again");
         await readyAgain(running);
         expect(lines.map((l) => l.msg)).toContain("stream gone; making it again");
       }),

@@ -150,7 +150,9 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         const streams = await assertStreams(jsm, config, streamSubjects(targets), log);
         for (const check of reasserted) check(streams);
       })().finally(() => (reasserting = undefined)));
-    const shared: Shared = { jsm, stopping: () => stopping, live, gone, reassert };
+    // The streams' use, watched once the durables are bound.
+    let use: ReturnType<typeof watchStreams> | undefined;
+    const shared: Shared = { jsm, stopping: () => stopping, live, gone, reassert, changed: () => use?.refresh() };
     for (const { fn, trigger } of targets) {
       if (trigger.stream !== undefined) continue;
       subscriptions.push(
@@ -177,7 +179,7 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
       reasserted.push(followed.reasserted);
       loops.push(followed.loop);
     }
-    const use = watchStreams(nc, config, durables(targets, config), (durable, of, read) => floorsOf.get(durable)?.(of, read));
+    use = watchStreams(nc, config, durables(targets, config), (durable, of, read) => floorsOf.get(durable)?.(of, read));
     return {
       notReady: () => [...gone.values()],
       reconnected: reassert,
