@@ -410,6 +410,39 @@ describe("a bucket deleted behind the set (`nats kv rm`)", () => {
   );
 });
 
+describe("a bucket deleted while its view loads it again", () => {
+  it(
+    "ends that load, is made again and loaded, and the set is ready with no write to the new bucket",
+    () =>
+      deletingSeat(async ({ bus, running, lines, seat }) => {
+        const NEEDS = "KV_mesh-provisioner_needs";
+        const alder = await bus.kv("needs", "alder");
+        // Large enough that making the load's consumer takes the server a while.
+        for (let i = 0; i < 20_000; i += 1000) {
+          await Promise.all(Array.from({ length: 1000 }, (_, j) => alder.put(`alder.m${i + j}.config.k`, '"v"')));
+        }
+        await readyAgain(running);
+        const jsm = await seat.jetstreamManager();
+        const before = lines.length;
+        // A key removed without a marker: the view holds a key more than the stream, and loads it again.
+        await jsm.streams.purge(NEEDS, { filter: "$KV.mesh-provisioner_needs.alder.m0.config.k" });
+        await until(() => lines.slice(before).some((l) => l.msg === "loading the bucket again"), 15_000, "the load begun");
+        const { created } = await jsm.streams.info(NEEDS);
+        await jsm.streams.delete(NEEDS);
+        await until(
+          async () => ![undefined, created].includes((await jsm.streams.info(NEEDS).catch(() => undefined))?.created),
+          20_000,
+          "made again",
+        );
+        // A load left on the new, empty stream waited for ever: ready only after a write to it.
+        await until(async () => (await fetch(`${running.httpUrl}/readyz`)).status === 200, 20_000, "ready again, nothing written");
+        const { body } = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
+        expect(body.entries).toEqual([]);
+      }),
+    90_000,
+  );
+});
+
 describe("a bucket deleted and made again by hand (`nats kv rm`, then `nats kv add`)", () => {
   it(
     "is never read as fresh from what the deleted one held: told by the server's advisories, the view loads the new one",

@@ -99,16 +99,27 @@ export function resyncing<G extends Load>({
 
   let remaking: Promise<void> | undefined;
   const remade = () => (remaking ??= remadeOnce().finally(() => (remaking = undefined)));
+  /** The last making again failed (the bucket made by hand with other settings, the server refusing): asked again each round. */
+  let remakeFailed = false;
+  /** How many times the stream was found gone: a load begun before that reads a stream no longer there. */
+  let goneTimes = 0;
   const remadeOnce = async () => {
+    goneTimes++;
     if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
     missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+    // A load under way reads the deleted stream, or waits on the new one for ever: it ends here.
+    loading?.watch.stop();
     if (remake === undefined) return;
     try {
       await remake();
     } catch (err) {
-      log.warn({ bucket, err: reasonOf(err) }, "bucket not made again; trying again at the next round");
+      const reason = reasonOf(err);
+      log.warn({ bucket, err: reason }, "bucket not made again; trying again at the next round");
+      missing = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
+      remakeFailed = true;
       return;
     }
+    remakeFailed = false;
     missing = undefined;
     // The bucket made again is another stream: loaded at once, read from the server meanwhile.
     asked = { why: "the bucket was made again", trusted: false };
@@ -124,9 +135,12 @@ export function resyncing<G extends Load>({
     reloading = true;
     untrusted = !trusted;
     const generation = current();
+    const goneBefore = goneTimes;
     try {
       const next = await load();
       loading = next;
+      // Its consumer may have been made on the stream made again, past where it begins: never loaded.
+      if (goneTimes !== goneBefore) next.watch.stop();
       await next.loaded;
       if (stopped()) return next.watch.stop();
       adopt(next, streamCreated === loadedFrom);
@@ -146,7 +160,7 @@ export function resyncing<G extends Load>({
       if (errCode(err) === STREAM_NOT_FOUND) return undefined;
       throw err;
     });
-    if (info === undefined) return remade();
+    if (info === undefined || remakeFailed) return remade();
     missing = undefined;
     const { state, created: streamCreated } = info;
     const generation = current();
