@@ -83,14 +83,14 @@ export async function openStorage(
   // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
   // again as at the start, those alone, 2 s after the last deletion known (docs/operations.md §13.4).
   const madeAgain = new Set<() => void>();
-  const made = { created: (bucket: string) => void log.info({ bucket }, "bucket made again") };
-  const tellMadeAgain = (count: number) => {
-    if (count > 0) for (const listener of madeAgain) listener();
-  };
   const assertAgain = async (only?: readonly string[]) => {
-    let count = 0;
-    await assertBuckets(nc, config, log, { only, created: (bucket) => (made.created(bucket), count++) });
-    tellMadeAgain(count);
+    let made = 0;
+    const created = (bucket: string) => {
+      log.info({ bucket }, "bucket made again");
+      made++;
+    };
+    await assertBuckets(nc, config, log, { only, created });
+    if (made > 0) for (const listener of madeAgain) listener();
   };
   const toRemake = new Set<string>();
   let lastGoneAt = 0;
