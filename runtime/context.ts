@@ -132,17 +132,17 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
       const view = storage.view(name);
       const refused = refusals(fn.name, view.bucket);
       const checked = readOnly(fn.name, view, refused);
-      // A local snapshot's reads are the same every answer: wrapped once (a fresh one's are its own).
+      // A snapshot's reads are the view's own while it holds them (the same every answer): wrapped once.
       const wrapped = new WeakMap<ReadBucket, ReadBucket>();
-      const localReadsOf = (reads: ReadBucket) => {
+      const readsOf = (reads: ReadBucket) => {
         let guardedReads = wrapped.get(reads);
         if (guardedReads === undefined) wrapped.set(reads, (guardedReads = readOnly(fn.name, reads, refused)));
         return guardedReads;
       };
-      const snapshotOf = (snapshot: Snapshot, local: boolean): Snapshot => ({
+      const snapshotOf = (snapshot: Snapshot): Snapshot => ({
         stamp: snapshot.stamp,
-        reads: local ? localReadsOf(snapshot.reads) : readOnly(fn.name, snapshot.reads, refused),
-        changedSince: (stamp) => snapshot.changedSince(stamp),
+        reads: readsOf(snapshot.reads),
+        changedSince: snapshot.changedSince,
       });
       live[name] = {
         ...checked,
@@ -152,8 +152,8 @@ export function contexts({ nc, config, log, clock, storage, metrics, store, unre
         records: (filters, options) => reachable(() => checked.records(filters, options)),
         local: readOnly(fn.name, view.local),
         confirmedAt: () => view.confirmedAt(),
-        snapshot: () => reachable(async () => snapshotOf(await view.snapshot(), false)),
-        localSnapshot: () => snapshotOf(view.localSnapshot(), true),
+        snapshot: () => reachable(() => view.snapshot().then(snapshotOf)),
+        localSnapshot: () => snapshotOf(view.localSnapshot()),
       };
     }
     const streams: Record<string, ReadStream> = {};

@@ -6,12 +6,12 @@
 import { randomUUID } from "node:crypto";
 import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
-import { setTimeout as sleep } from "node:timers/promises";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
-import { advisorySubject, errCode, reasonOf, STREAM_NOT_FOUND, STREAM_REMADE_AFTER_MS } from "./jetstream.ts";
+import { advisorySubject, errCode, STREAM_NOT_FOUND } from "./jetstream.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
+import { goneBucket, remaker } from "./remake.ts";
 import type { ClockSample } from "./server-clock.ts";
 import type { ReadBucket, ViewBucket, WriteBucket } from "./types.ts";
 import { loadProgress, openView, type LiveView, type ProgressOptions } from "./views/index.ts";
@@ -81,62 +81,31 @@ export async function openStorage(
   const progress = loadProgress(log, progressOptions);
   // Buckets deleted behind the set (`nats kv rm`), found by their views, by the server's
   // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
-  // again as at the start, those alone, 2 s after the last deletion known (docs/operations.md §13.4).
-  const madeAgain = new Set<() => void>();
-  const assertAgain = async (only?: readonly string[]) => {
-    let made = 0;
-    const created = (bucket: string) => {
-      log.info({ bucket }, "bucket made again");
-      made++;
-    };
-    await assertBuckets(nc, config, log, { only, created });
-    if (made > 0) for (const listener of madeAgain) listener();
-  };
-  const toRemake = new Set<string>();
-  let lastGoneAt = 0;
-  let remaking: Promise<void> | undefined;
-  const remake = (bucket: string) => {
-    toRemake.add(bucket);
-    lastGoneAt = performance.now();
-    return (remaking ??= (async () => {
-      for (;;) {
-        for (let wait = STREAM_REMADE_AFTER_MS; wait > 0; wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now()) await sleep(wait);
-        const buckets = [...toRemake];
-        if (buckets.length === 0) return;
-        toRemake.clear();
-        await assertAgain(buckets);
-      }
-    })().finally(() => (remaking = undefined)));
-  };
-  // Not ready while the claims bucket is missing: no scheduled run can be claimed.
-  const missing = new Map<string, string>();
+  // again as at the start (docs/operations.md §13.4).
+  const remakes = remaker((only, created) => assertBuckets(nc, config, log, { only, created }), log);
   const claimsName = claimsBucket(config.seat);
-  const claimsGone = () => {
-    if (missing.has(claimsName)) return;
-    log.warn({ bucket: claimsName }, "bucket gone; making it again");
-    missing.set(claimsName, `bucket ${claimsName} does not exist on the server (deleted behind the set): making it again`);
-    void remake(claimsName)
-      .catch((e: unknown) => log.warn({ bucket: claimsName, err: reasonOf(e) }, "bucket not made again; trying again at the next claim"))
-      .finally(() => missing.delete(claimsName));
-  };
+  // Not ready while the claims bucket is missing: no scheduled run can be claimed.
+  const claimsGone = goneBucket(claimsName, log, () => remakes.remake(claimsName), "at the next claim");
   const claimsWrites = writeBucket(kvs.get(CLAIMS)!, js, claimsName);
   const claims: WriteBucket = {
     ...claimsWrites,
-    create: (key, value) =>
-      claimsWrites.create(key, value).catch(async (err: unknown) => {
+    create: (key, value) => {
+      if (claimsGone.failed()) void claimsGone.gone();
+      return claimsWrites.create(key, value).catch(async (err: unknown) => {
         const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${claimsName}`).then(
           () => false,
           (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
         );
-        if (gone) claimsGone();
+        if (gone) void claimsGone.gone();
         throw err;
-      }),
+      });
+    },
   };
   try {
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
         const bucket = config.buckets[name]!.bucket;
-        const view = await openView(nc, bucket, read(name), log, { progress, remake: () => remake(bucket) });
+        const view = await openView(nc, bucket, read(name), log, { progress, remake: () => remakes.remake(bucket) });
         views.set(name, view);
         await view.loaded;
         await view.check();
@@ -144,7 +113,7 @@ export async function openStorage(
       (async () => {
         recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, {
           progress,
-          remake: () => remake(recordsBucket(config.seat)),
+          remake: () => remakes.remake(recordsBucket(config.seat)),
         });
         await recordsView.loaded;
         await recordsView.check();
@@ -161,7 +130,8 @@ export async function openStorage(
   const advised = new Map<string, (what: "created" | "deleted") => void>([
     ...[...views].map(([name, view]) => [config.buckets[name]!.bucket, view.advised] as const),
     [recordsBucket(config.seat), recordsView!.advised],
-    [claimsName, (what: "created" | "deleted") => void (what === "deleted" && claimsGone())],
+    // The claims bucket made by hand after it could not be made again: asserted again.
+    [claimsName, (what: "created" | "deleted") => void ((what === "deleted" || claimsGone.failed()) && claimsGone.gone())],
   ]);
   const advisories = [...advised].flatMap(([bucket, to]) =>
     (["created", "deleted"] as const).map((what) =>
@@ -173,8 +143,8 @@ export async function openStorage(
     write: (name) => writeBucket(kvs.get(name)!, js, config.buckets[name]!.bucket, nc),
     view: (name) => views.get(name) ?? serverView(read(name)),
     records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), claims, refusers, recordsView!),
-    reassert: () => assertAgain(),
-    onMadeAgain: (listener) => void madeAgain.add(listener),
+    reassert: remakes.reassert,
+    onMadeAgain: remakes.onMadeAgain,
     async clockSample() {
       const sentAt = Date.now();
       const seq = await kvs.get(RECORDS)!.put(CLOCK_KEY, "");
@@ -185,7 +155,7 @@ export async function openStorage(
       });
       return { sentAt, ackedAt, storedAt: nanosOfTime(stored.timestamp) / 1e6 };
     },
-    notReady: () => [...[...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []), ...missing.values()],
+    notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []).concat(claimsGone.missing() ?? []),
     close: () => {
       for (const sub of advisories) sub.unsubscribe();
       for (const view of views.values()) view.stop();

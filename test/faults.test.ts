@@ -526,6 +526,75 @@ describe("the claims bucket deleted behind the set (`nats kv rm`)", () => {
   );
 });
 
+/**
+ * Deletes `stream` and makes it again at once with another history, as an operator would by hand
+ * before the set makes it again (2 s after it learns of the deletion).
+ */
+async function madeAgainWithOtherHistory(seat: NatsConnection, stream: string): Promise<void> {
+  const jsm = await seat.jetstreamManager();
+  const { config } = await jsm.streams.info(stream);
+  await jsm.streams.delete(stream);
+  await jsm.streams.add({ ...config, max_msgs_per_subject: config.max_msgs_per_subject + 4 });
+}
+
+describe("a bucket made again by hand with other settings than the config, before the set made it again", () => {
+  it(
+    "is said in readiness in the assertion's words, its view refuses fresh reads, and once it is deleted again the set makes it as the config says",
+    () =>
+      deletingSeat(async ({ bus, running, seat }) => {
+        const NEEDS = "KV_mesh-provisioner_needs";
+        await madeAgainWithOtherHistory(seat, NEEDS);
+        await readinessSays(running, "bucket mesh-provisioner_needs was deleted behind the set and cannot be made again");
+        const reasons = ((await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons: string[] }).reasons;
+        expect(reasons.find((r) => r.includes("cannot be made again"))).toMatch(
+          /exists with other settings than the config: history 5 \(the config says 1\)/,
+        );
+        const { body } = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
+        expect(body.error).toMatchObject({ code: 503, message: expect.stringContaining("cannot be made again") });
+        const jsm = await seat.jetstreamManager();
+        const history = (await jsm.streams.info(NEEDS)).config.max_msgs_per_subject;
+        await jsm.streams.delete(NEEDS);
+        await until(
+          async () => (await jsm.streams.info(NEEDS).catch(() => undefined))?.config.max_msgs_per_subject === history - 4,
+          15_000,
+          "made again as the config says",
+        );
+        await readyAgain(running);
+        await (await bus.kv("needs", "alder")).put("alder.after.config.k", '"after"');
+        const after = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
+        expect((after.body.entries as { key: string }[]).map((e) => e.key)).toEqual(["alder.after.config.k"]);
+      }),
+    60_000,
+  );
+  it(
+    "the claims bucket so: not ready, saying so, until it is deleted again and the set made it; runs are claimed again",
+    () =>
+      deletingSeat(async ({ running, seat }) => {
+        const CLAIMS = "KV_mesh-provisioner_claims";
+        await madeAgainWithOtherHistory(seat, CLAIMS);
+        await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
+        // Still so at the next claims (rotation-fanout claims a run every second): asserted again each time, and refused.
+        await new Promise((r) => setTimeout(r, 3000));
+        await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
+        const jsm = await seat.jetstreamManager();
+        const history = (await jsm.streams.info(CLAIMS)).config.max_msgs_per_subject;
+        await jsm.streams.delete(CLAIMS);
+        await until(
+          async () => (await jsm.streams.info(CLAIMS).catch(() => undefined))?.config.max_msgs_per_subject === history - 4,
+          15_000,
+          "made again as the config says",
+        );
+        await readyAgain(running);
+        await until(
+          async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0,
+          15_000,
+          "claimed again",
+        );
+      }),
+    60_000,
+  );
+});
+
 describe("a hung server (SIGSTOP)", () => {
   it("makes the set not ready within 10 s, HTTP answering 503 at once meanwhile, and ready again once it answers", async () => {
     const hung = await testBus();

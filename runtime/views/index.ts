@@ -267,36 +267,35 @@ export async function openView(
     return entry;
   };
 
-  /** Reads of what the view holds; what is read from the server by `due` (by default {@link READ_DEADLINE_MS} from each call). */
-  const localReads = (due?: number): ReadBucket =>
-    Object.freeze({
-      bucket,
-      async get(key: string) {
-        const { store } = current!;
-        const slot = store.slotOf(checkedKey(bucket, key));
-        return slot === undefined || store.deleted(slot) ? null : live(store, slot);
-      },
-      async last(key: string) {
-        const generation = current!;
-        const slot = generation.store.slotOf(checkedKey(bucket, key));
-        return slot === undefined ? null : whole(generation, slot, due ?? performance.now() + READ_DEADLINE_MS);
-      },
-      list: async (filters: string | readonly string[], options: ListOptions = {}) => {
-        const { store } = current!;
-        return collect(store, bucket, filters, options, false).map((slot) => live(store, slot));
-      },
-      async records(filters: string | readonly string[], options: ListOptions = {}) {
-        const generation = current!;
-        const { store } = generation;
-        const found = collect(store, bucket, filters, options, true);
-        if (!found.some((slot) => store.cut(slot))) return found.map((slot) => store.record(slot));
-        const by = due ?? performance.now() + READ_DEADLINE_MS;
-        return (await Promise.all(found.map((slot) => whole(generation, slot, by)))).filter(
-          (record): record is KeyRecord => record !== null,
-        );
-      },
-    });
-  const local = localReads();
+  /**
+   * Reads of what the view holds, the same object for every read: what is read from the server
+   * (a delete marker's value) by {@link READ_DEADLINE_MS} from each call.
+   */
+  const local: ReadBucket = Object.freeze({
+    bucket,
+    async get(key: string) {
+      const { store } = current!;
+      const slot = store.slotOf(checkedKey(bucket, key));
+      return slot === undefined || store.deleted(slot) ? null : live(store, slot);
+    },
+    async last(key: string) {
+      const generation = current!;
+      const slot = generation.store.slotOf(checkedKey(bucket, key));
+      return slot === undefined ? null : whole(generation, slot, performance.now() + READ_DEADLINE_MS);
+    },
+    list: async (filters: string | readonly string[], options: ListOptions = {}) => {
+      const { store } = current!;
+      return collect(store, bucket, filters, options, false).map((slot) => live(store, slot));
+    },
+    async records(filters: string | readonly string[], options: ListOptions = {}) {
+      const generation = current!;
+      const { store } = generation;
+      const found = collect(store, bucket, filters, options, true);
+      if (!found.some((slot) => store.cut(slot))) return found.map((slot) => store.record(slot));
+      const by = performance.now() + READ_DEADLINE_MS;
+      return (await Promise.all(found.map((slot) => whole(generation, slot, by)))).filter((record): record is KeyRecord => record !== null);
+    },
+  });
   /**
    * The server's reads by `due`, for a view that could not be proven current (`why`): one that
    * has not answered by then is refused with a 503 naming both.
@@ -337,9 +336,9 @@ export async function openView(
   };
   const localSnapshot = () => ({ stamp: stampOf(current!), reads: local, changedSince });
   /**
-   * The reads of a fresh answer, each by {@link READ_DEADLINE_MS} from now: from memory once the
-   * view is proven current; else, with one replica and time left, from the server; else a
-   * `ServiceError` 503 saying why (docs/verb.md §4.6).
+   * The reads of a fresh answer: from memory once the view is proven current (the view's own
+   * reads); else, with one replica and time left, from the server, each by
+   * {@link READ_DEADLINE_MS} from now; else a `ServiceError` 503 saying why (docs/verb.md §4.6).
    */
   const freshReads = async (): Promise<{ readonly reads: ReadBucket; readonly held: boolean }> => {
     const due = performance.now() + READ_DEADLINE_MS;
@@ -347,7 +346,7 @@ export async function openView(
     const missing = resync.missing();
     if (missing !== undefined) throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${missing}`);
     const freshness = await fresh.caughtUp(due);
-    if (freshness.current) return { reads: localReads(due), held: true };
+    if (freshness.current) return { reads: local, held: true };
     if (oneReplica && performance.now() < due) return { reads: serverReads(due, freshness.why), held: false };
     throw new ServiceError(503, `cannot confirm that the view of bucket ${bucket} is current: ${freshness.why}`);
   };

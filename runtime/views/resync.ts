@@ -9,7 +9,8 @@
  */
 import type { JetStreamManager } from "nats";
 import type { Logger } from "pino";
-import { errCode, reasonOf, STREAM_NOT_FOUND } from "../jetstream.ts";
+import { errCode, STREAM_NOT_FOUND } from "../jetstream.ts";
+import { goneBucket } from "../remake.ts";
 
 /** How often a view compares itself with its stream, in milliseconds. */
 export const RESYNC_MS = 5_000;
@@ -94,33 +95,16 @@ export function resyncing<G extends Load>({
   /** Why a reload was asked for and not done yet. */
   let asked: { why: string; trusted: boolean } | undefined;
   let loading: G | undefined;
-  /** Why the bucket cannot be loaded while its stream is found missing. */
-  let missing: string | undefined;
-
-  let remaking: Promise<void> | undefined;
-  const remade = () => (remaking ??= remadeOnce().finally(() => (remaking = undefined)));
-  /** The last making again failed (the bucket made by hand with other settings, the server refusing): asked again each round. */
-  let remakeFailed = false;
+  /** The stream found missing: said, and made again by `remake`. */
+  const gone = goneBucket(bucket, log, remake, "at the next round");
   /** How many times the stream was found gone: a load begun before that reads a stream no longer there. */
   let goneTimes = 0;
-  const remadeOnce = async () => {
+  const remade = async () => {
     goneTimes++;
-    if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
-    missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+    const again = gone.gone();
     // A load under way reads the deleted stream, or waits on the new one for ever: it ends here.
     loading?.watch.stop();
-    if (remake === undefined) return;
-    try {
-      await remake();
-    } catch (err) {
-      const reason = reasonOf(err);
-      log.warn({ bucket, err: reason }, "bucket not made again; trying again at the next round");
-      missing = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
-      remakeFailed = true;
-      return;
-    }
-    remakeFailed = false;
-    missing = undefined;
+    if (!(await again)) return;
     // The bucket made again is another stream: loaded at once, read from the server meanwhile.
     asked = { why: "the bucket was made again", trusted: false };
     untrusted = true;
@@ -160,8 +144,8 @@ export function resyncing<G extends Load>({
       if (errCode(err) === STREAM_NOT_FOUND) return undefined;
       throw err;
     });
-    if (info === undefined || remakeFailed) return remade();
-    missing = undefined;
+    if (info === undefined || gone.failed()) return remade();
+    gone.found();
     const { state, created: streamCreated } = info;
     const generation = current();
     const { applied } = generation;
@@ -210,7 +194,7 @@ export function resyncing<G extends Load>({
   timer.unref();
   return {
     reloading: () => untrusted && (reloading || asked !== undefined),
-    missing: () => missing,
+    missing: () => gone.missing(),
     gone: () => void remade(),
     now: (why, trusted) => {
       // An untrusted ask is not softened by a trusted one.
