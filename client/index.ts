@@ -17,6 +17,7 @@ export {
 export { connectProvider, type ProviderClient, type ProviderOptions, type ReleasedNotice } from "./provider.ts";
 export {
   ClientArgumentError,
+  ClientClosed,
   collectKey,
   MeshRefusal,
   MeshUnanswered,

@@ -111,6 +111,30 @@ export class MeshUnanswered extends Error {
   }
 }
 
+/**
+ * An operation of a client called once its `close()` was (docs/client.md §9): nothing was sent.
+ * `operation` names it (`declare`, `rotated`, …).
+ */
+export class ClientClosed extends Error {
+  constructor(readonly operation: string) {
+    super(`${operation}: the client is closed, nothing was sent`);
+    this.name = "ClientClosed";
+  }
+}
+
+/**
+ * `client` with each of its methods `names` run as one operation of `mesh` ({@link Mesh.operation}):
+ * refused with a {@link ClientClosed} once `mesh` is closing, waited for by its `close()`.
+ */
+export function asOperations<C extends object>(mesh: Mesh, client: C, names: readonly (keyof C & string)[]): C {
+  const wrapped: Record<string, unknown> = { ...(client as Record<string, unknown>) };
+  for (const name of names) {
+    const method = client[name] as (...args: unknown[]) => Promise<unknown>;
+    wrapped[name] = (...args: unknown[]) => mesh.operation(name, () => method(...args));
+  }
+  return wrapped as C;
+}
+
 /** `value` as `schema` reads it, or a {@link ClientArgumentError} naming `argument` and the first issue. */
 export function checked<T>(argument: string, schema: z.ZodMiniType<T>, value: unknown): T {
   const result = schema.safeParse(value);
@@ -179,7 +203,17 @@ export interface Mesh {
   maxPayload(): number;
   /** One request to a verb of the seat (`<seat>.<verb>`): its JSON answer; a {@link MeshRefusal}, or a {@link MeshUnanswered}. */
   request(verb: string, body: unknown, timeoutMs?: number): Promise<unknown>;
-  /** Drains the connection once: a second call, or one after the connection closed, gets the same promise. */
+  /**
+   * Runs `work`, one operation of the client named `operation`, counted as under way until it
+   * settles; once {@link Mesh.close} was called, rejects with a {@link ClientClosed} instead,
+   * `work` not called.
+   */
+  operation<T>(operation: string, work: () => Promise<T>): Promise<T>;
+  /**
+   * Waits for the operations under way ({@link Mesh.operation}) to settle, each within its own
+   * time, then drains the connection; once: a second call, or one after the connection closed,
+   * gets the same promise.
+   */
   close(): Promise<void>;
 }
 
@@ -214,6 +248,7 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
     timeout: 5000,
   });
   let closing: Promise<void> | undefined;
+  const underWay = new Set<Promise<unknown>>();
   return {
     nc,
     seat,
@@ -233,7 +268,25 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
       }
       return JSON.parse(text);
     },
-    close: () => (closing ??= nc.isClosed() ? Promise.resolve() : nc.drain()),
+    operation<T>(operation: string, work: () => Promise<T>): Promise<T> {
+      if (closing !== undefined || nc.isClosed()) return Promise.reject(new ClientClosed(operation));
+      let running: Promise<T>;
+      try {
+        running = work();
+      } catch (err) {
+        return Promise.reject(err);
+      }
+      underWay.add(running);
+      const settled = () => underWay.delete(running);
+      running.then(settled, settled);
+      return running;
+    },
+    close: () =>
+      (closing ??= (async () => {
+        // A declare or a publish under way ends as it would have: its writes are not cut off halfway.
+        await Promise.allSettled(underWay);
+        if (!nc.isClosed()) await nc.drain();
+      })()),
   };
 }
 

@@ -19,6 +19,7 @@ import { PRESENCE_EVERY_SECONDS, presenceValue } from "../contract/presence.ts";
 import { cutText } from "../contract/text.ts";
 import {
   allPages,
+  asOperations,
   checked,
   ClientArgumentError,
   collectKey,
@@ -122,8 +123,10 @@ export interface NodeClient {
    */
   retire(): Promise<void>;
   /**
-   * Stops writing presence and checking, and drains the connection: the node is unreachable once
-   * its limit passes. Called again, resolves when the first call does.
+   * Stops writing presence and checking, waits for the calls under way (a `declare`, a `check`,
+   * an `ask`, …) to end as they would have, then drains the connection: the node is unreachable
+   * once its limit passes. A call made after it rejects with a `ClientClosed`, nothing sent.
+   * Called again, resolves when the first call does.
    */
   close(): Promise<void>;
 }
@@ -228,7 +231,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     return true;
   };
 
-  return {
+  const client: NodeClient = {
     node,
     nc: mesh.nc,
     async declare(module, placeholders) {
@@ -352,6 +355,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       await mesh.close();
     },
   };
+  return asOperations(mesh, client, ["declare", "applied", "contribute", "withdraw", "check", "ask", "status", "retire"]);
 }
 
 /**

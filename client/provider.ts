@@ -16,7 +16,7 @@ import {
 } from "../contract/events.ts";
 import { provisionName, token } from "../contract/keys.ts";
 import { cutText } from "../contract/text.ts";
-import { allPages, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
+import { allPages, asOperations, checked, ClientArgumentError, listen, openMesh, tokenArg, type MeshOptions } from "./mesh.ts";
 
 /** A provider client's options: the mesh, and the provider (the module) it publishes as. The user defaults to the provider's name. */
 export interface ProviderOptions extends Omit<MeshOptions, "credentials"> {
@@ -53,7 +53,11 @@ export interface ProviderClient {
   onReleased(handler: (released: ReleasedNotice) => void | Promise<void>): { stop(): void };
   /** Every holder of `provision` across the mesh (docs/rotation.md §8.1), every page. */
   holders(provision: string): Promise<unknown[]>;
-  /** Drains the connection; called again, resolves when the first call does. */
+  /**
+   * Waits for the calls under way (a `rotated`, a `failing`, …) to end as they would have, then
+   * drains the connection. A call made after it rejects with a `ClientClosed`, nothing sent.
+   * Called again, resolves when the first call does.
+   */
   close(): Promise<void>;
 }
 
@@ -97,7 +101,7 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
       { retries: attempts - 1, minTimeout: 200, maxTimeout: 3000 },
     );
 
-  return {
+  const client: ProviderClient = {
     provider,
     nc: mesh.nc,
     // async: a bad argument rejects the promise, as every other method's does.
@@ -177,4 +181,5 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
     },
     close: () => mesh.close(),
   };
+  return asOperations(mesh, client, ["failing", "recovered", "rotated", "holders"]);
 }

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   ClientArgumentError,
+  ClientClosed,
   connectNode,
   connectProvider,
   MeshRefusal,
@@ -186,6 +187,50 @@ describe("a provider client", () => {
     expect(releases[0]).toMatchObject({ provision: "keycloak", revision: "k2", holders: 1 });
     refresh.stop();
     release.stop();
+  });
+});
+
+describe("closing a client (docs/client.md §9)", () => {
+  it("a node's: the declare under way writes all its keys before the connection drains; a call after close() sends nothing", async () => {
+    const closing = await node("alder");
+    const placeholders = Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`\${config:k${i}}`, {}]));
+    const declared = closing.declare("closing", placeholders);
+    let settled = false;
+    void declared.finally(() => (settled = true));
+    await closing.close();
+    // Settled before close() resolved: declared in full.
+    expect(settled).toBe(true);
+    expect((await declared).written).toHaveLength(20);
+    expect((await needsOf(alder, "closing")).entries).toHaveLength(20);
+    const after = await closing.declare("closing", {}).then(
+      () => "declared",
+      (e: Error) => e,
+    );
+    expect(after).toBeInstanceOf(ClientClosed);
+    expect(after).toMatchObject({ operation: "declare", message: "declare: the client is closed, nothing was sent" });
+    await expect(closing.check("closing", "postgres", { ok: true })).rejects.toBeInstanceOf(ClientClosed);
+    // Nothing deleted by the refused declare of none.
+    expect((await needsOf(alder, "closing")).entries).toHaveLength(20);
+  });
+
+  it("a provider's: the publish under way is stored before the connection drains; one after close() is refused", async () => {
+    const closing = await connectProvider({
+      servers: bus.url,
+      provider: "keycloak",
+      credentials: { password: bus.server.users.keycloak!.password },
+    });
+    const published = closing.failing("birch", "closing", "invalid_client");
+    let settled = false;
+    void published.finally(() => (settled = true));
+    await closing.close();
+    expect(settled).toBe(true);
+    expect(await published).toBeGreaterThan(0);
+    await expect(closing.recovered("birch", "closing")).rejects.toMatchObject({ name: "ClientClosed", operation: "recovered" });
+    const failingOf = async () =>
+      ((await alder.status({ provider: "keycloak", machine: "birch", consumer: "closing" })) as { failing: unknown[] }).failing;
+    await until(async () => (await failingOf()).length === 1, 10_000, "the failing followed");
+    await keycloak.recovered("birch", "closing");
+    await until(async () => (await failingOf()).length === 0, 10_000, "the recovered followed");
   });
 });
 
