@@ -536,6 +536,18 @@ async function madeAgainWithOtherHistory(seat: NatsConnection, stream: string): 
   await jsm.streams.delete(stream);
   await jsm.streams.add({ ...config, max_msgs_per_subject: config.max_msgs_per_subject + 4 });
 }
+/** Deletes `stream` (made by {@link madeAgainWithOtherHistory}) and waits until the set made it again as the config says, and is ready. */
+async function deletedAndMadeAsTheConfigSays(running: Running, seat: NatsConnection, stream: string): Promise<void> {
+  const jsm = await seat.jetstreamManager();
+  const history = (await jsm.streams.info(stream)).config.max_msgs_per_subject;
+  await jsm.streams.delete(stream);
+  await until(
+    async () => (await jsm.streams.info(stream).catch(() => undefined))?.config.max_msgs_per_subject === history - 4,
+    15_000,
+    "made again as the config says",
+  );
+  await readyAgain(running);
+}
 
 describe("a bucket made again by hand with other settings than the config, before the set made it again", () => {
   it(
@@ -551,15 +563,7 @@ describe("a bucket made again by hand with other settings than the config, befor
         );
         const { body } = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
         expect(body.error).toMatchObject({ code: 503, message: expect.stringContaining("cannot be made again") });
-        const jsm = await seat.jetstreamManager();
-        const history = (await jsm.streams.info(NEEDS)).config.max_msgs_per_subject;
-        await jsm.streams.delete(NEEDS);
-        await until(
-          async () => (await jsm.streams.info(NEEDS).catch(() => undefined))?.config.max_msgs_per_subject === history - 4,
-          15_000,
-          "made again as the config says",
-        );
-        await readyAgain(running);
+        await deletedAndMadeAsTheConfigSays(running, seat, NEEDS);
         await (await bus.kv("needs", "alder")).put("alder.after.config.k", '"after"');
         const after = await request(seat, "mesh-provisioner.provisioning", { what: "needs", node: "alder" });
         expect((after.body.entries as { key: string }[]).map((e) => e.key)).toEqual(["alder.after.config.k"]);
@@ -576,15 +580,8 @@ describe("a bucket made again by hand with other settings than the config, befor
         // Still so at the next claims (rotation-fanout claims a run every second): asserted again each time, and refused.
         await new Promise((r) => setTimeout(r, 3000));
         await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
+        await deletedAndMadeAsTheConfigSays(running, seat, CLAIMS);
         const jsm = await seat.jetstreamManager();
-        const history = (await jsm.streams.info(CLAIMS)).config.max_msgs_per_subject;
-        await jsm.streams.delete(CLAIMS);
-        await until(
-          async () => (await jsm.streams.info(CLAIMS).catch(() => undefined))?.config.max_msgs_per_subject === history - 4,
-          15_000,
-          "made again as the config says",
-        );
-        await readyAgain(running);
         await until(
           async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0,
           15_000,
