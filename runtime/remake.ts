@@ -74,6 +74,8 @@ export interface GoneBucket {
    * Resolves whether it was made again (never rejects).
    */
   gone(): Promise<boolean>;
+  /** Tries again to make it, after it {@link GoneBucket.failed}: as {@link GoneBucket.gone}, what is said kept meanwhile. */
+  retry(): Promise<boolean>;
   /** Why the bucket cannot be read now: gone, or gone and not made again (the assertion's words); none otherwise. */
   missing(): string | undefined;
   /** Whether the last making again failed: it is to be tried again. */
@@ -90,16 +92,20 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
   let missing: string | undefined;
   let failed = false;
   let under: Promise<boolean> | undefined;
-  const once = async () => {
-    if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
-    missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+  const once = async (found: boolean) => {
+    if (found || missing === undefined) {
+      if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
+      missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+    }
     if (remake === undefined) return false;
     try {
       await remake();
     } catch (err) {
       const reason = reasonOf(err);
-      log.warn({ bucket, err: reason }, `bucket not made again; trying again ${retried}`);
-      missing = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
+      const said = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
+      // Said at warn once while the reason stays the same (it is tried again often), at debug after.
+      log[said === missing ? "debug" : "warn"]({ bucket, err: reason }, `bucket not made again; trying again ${retried}`);
+      missing = said;
       failed = true;
       return false;
     }
@@ -108,7 +114,8 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
     return true;
   };
   return {
-    gone: () => (under ??= once().finally(() => (under = undefined))),
+    gone: () => (under ??= once(true).finally(() => (under = undefined))),
+    retry: () => (under ??= once(false).finally(() => (under = undefined))),
     missing: () => missing,
     failed: () => failed,
     found() {

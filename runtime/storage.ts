@@ -90,7 +90,7 @@ export async function openStorage(
   const claims: WriteBucket = {
     ...claimsWrites,
     create: (key, value) => {
-      if (claimsGone.failed()) void claimsGone.gone();
+      if (claimsGone.failed()) void claimsGone.retry();
       return claimsWrites.create(key, value).catch(async (err: unknown) => {
         const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${claimsName}`).then(
           () => false,
@@ -131,7 +131,10 @@ export async function openStorage(
     ...[...views].map(([name, view]) => [config.buckets[name]!.bucket, view.advised] as const),
     [recordsBucket(config.seat), recordsView!.advised],
     // The claims bucket made by hand after it could not be made again: asserted again.
-    [claimsName, (what: "created" | "deleted") => void ((what === "deleted" || claimsGone.failed()) && claimsGone.gone())],
+    [
+      claimsName,
+      (what: "created" | "deleted") => void (what === "deleted" ? claimsGone.gone() : claimsGone.failed() && claimsGone.retry()),
+    ],
   ]);
   const advisories = [...advised].flatMap(([bucket, to]) =>
     (["created", "deleted"] as const).map((what) =>

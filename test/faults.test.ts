@@ -573,13 +573,15 @@ describe("a bucket made again by hand with other settings than the config, befor
   it(
     "the claims bucket so: not ready, saying so, until it is deleted again and the set made it; runs are claimed again",
     () =>
-      deletingSeat(async ({ running, seat }) => {
+      deletingSeat(async ({ running, lines, seat }) => {
         const CLAIMS = "KV_mesh-provisioner_claims";
         await madeAgainWithOtherHistory(seat, CLAIMS);
         await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
         // Still so at the next claims (rotation-fanout claims a run every second): asserted again each time, and refused.
         await new Promise((r) => setTimeout(r, 3000));
         await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
+        // Warned once, not at each time it is tried again.
+        expect(lines.filter((l) => l.msg === "bucket not made again; trying again at the next claim")).toHaveLength(1);
         await deletedAndMadeAsTheConfigSays(running, seat, CLAIMS);
         const jsm = await seat.jetstreamManager();
         await until(

@@ -99,9 +99,10 @@ export function resyncing<G extends Load>({
   const gone = goneBucket(bucket, log, remake, "at the next round");
   /** How many times the stream was found gone: a load begun before that reads a stream no longer there. */
   let goneTimes = 0;
-  const remade = async () => {
+  /** The stream found gone (`retried`: made again with other settings, tried again), made again, then loaded. */
+  const remade = async (retried = false) => {
     goneTimes++;
-    const again = gone.gone();
+    const again = retried ? gone.retry() : gone.gone();
     // A load under way reads the deleted stream, or waits on the new one for ever: it ends here.
     loading?.watch.stop();
     if (!(await again)) return;
@@ -144,7 +145,7 @@ export function resyncing<G extends Load>({
       if (errCode(err) === STREAM_NOT_FOUND) return undefined;
       throw err;
     });
-    if (info === undefined || gone.failed()) return remade();
+    if (info === undefined || gone.failed()) return remade(info !== undefined);
     gone.found();
     const { state, created: streamCreated } = info;
     const generation = current();
