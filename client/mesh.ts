@@ -209,6 +209,8 @@ export interface Mesh {
    * `work` not called.
    */
   operation<T>(operation: string, work: () => Promise<T>): Promise<T>;
+  /** Throws a {@link ClientClosed} naming `operation` once {@link Mesh.close} was called: for what starts listening. */
+  ensureOpen(operation: string): void;
   /**
    * Waits for the operations under way ({@link Mesh.operation}) to settle, each within its own
    * time, then drains the connection; once: a second call, or one after the connection closed,
@@ -267,6 +269,9 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
         throw new MeshRefusal(Number(code), said ?? reply.headers?.get("Nats-Service-Error") ?? `refused with ${code}`);
       }
       return JSON.parse(text);
+    },
+    ensureOpen(operation) {
+      if (closing !== undefined || nc.isClosed()) throw new ClientClosed(operation);
     },
     operation<T>(operation: string, work: () => Promise<T>): Promise<T> {
       if (closing !== undefined || nc.isClosed()) return Promise.reject(new ClientClosed(operation));

@@ -105,7 +105,7 @@ export interface NodeClient {
    * failing when it throws (the error's `message`, and its `reason` when that is one CamelCase
    * word), times out (`Timeout`), or gives a `revision` that is not a revision's name
    * (`CheckFailed`, saying so). Stops on `stop()` or `close()`, a probe still running then not
-   * waited for; throws when the client is closed.
+   * waited for; throws a `ClientClosed` once the client is closing.
    */
   keepChecking(
     module: string,
@@ -287,14 +287,17 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     async withdraw(collection, contributor) {
       await (await kv("collect")).delete(collectKey(node, collection, contributor));
     },
-    onRefresh: (handler) => listen(mesh.nc, refreshSubject(node), refreshNotice, handler),
+    onRefresh: (handler) => {
+      mesh.ensureOpen("onRefresh");
+      return listen(mesh.nc, refreshSubject(node), refreshNotice, handler);
+    },
     check,
     keepChecking(module, provision, probe, options) {
       moduleArg(module);
       checked("provision", checkedEvent.shape.provision, provision);
       if (typeof probe !== "function") throw new ClientArgumentError("probe", "must be a function");
       const { everySeconds = 60, timeoutSeconds = 10 } = checked("options", checkingOptions, options) ?? {};
-      if (closed) throw new Error("the node client is closed: it checks nothing more");
+      mesh.ensureOpen("keepChecking");
       let stopped = false;
       let timer: NodeJS.Timeout | undefined;
       let timeout: NodeJS.Timeout | undefined;

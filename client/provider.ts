@@ -127,6 +127,7 @@ export async function connectProvider(options: ProviderOptions): Promise<Provide
     },
     onReleased(handler) {
       if (typeof handler !== "function") throw new ClientArgumentError("handler", "must be a function");
+      mesh.ensureOpen("onReleased");
       // By rotation and revision: "handling" while the handler runs, "done" once it returned.
       const seen = new Map<string, "handling" | "done">();
       const acknowledge = (r: ReleasedNotice) => {

@@ -17,15 +17,18 @@ export type AssertBuckets = (only: readonly string[] | undefined, created: (buck
 /** Makes buckets again: see {@link remaker}. */
 export interface Remaker {
   /**
-   * Makes `bucket` again, with every other found gone meanwhile, {@link STREAM_REMADE_AFTER_MS}
-   * after the last of them was found gone. Resolves once they were asserted; rejects as
-   * {@link AssertBuckets} does.
+   * Makes `bucket` again {@link STREAM_REMADE_AFTER_MS} after the last bucket was found gone
+   * (with the others found gone meanwhile, each asserted on its own: one that exists with other
+   * settings holds no other back). Resolves once it was asserted; rejects as {@link AssertBuckets}
+   * does; after {@link Remaker.stop}, never settles.
    */
   remake(bucket: string): Promise<void>;
   /** Asserts every bucket again now (the connection came back: the server may have lost them). Rejects as {@link AssertBuckets} does. */
   reassert(): Promise<void>;
   /** Calls `listener` each time buckets were made again, by {@link Remaker.remake} or {@link Remaker.reassert}. */
   onMadeAgain(listener: () => void): void;
+  /** Makes nothing more: the set is stopping. */
+  stop(): void;
 }
 
 /**
@@ -35,34 +38,64 @@ export interface Remaker {
  */
 export function remaker(assert: AssertBuckets, log: Logger): Remaker {
   const madeAgain = new Set<() => void>();
-  const assertAgain = async (only?: readonly string[]) => {
+  /** Asserts `only` (every bucket without it); resolves with how many it created. */
+  const asserted = async (only?: readonly string[]) => {
     let made = 0;
     await assert(only, (bucket) => {
       log.info({ bucket }, "bucket made again");
       made++;
     });
+    return made;
+  };
+  const told = (made: number) => {
     if (made > 0) for (const listener of madeAgain) listener();
   };
-  const toRemake = new Set<string>();
+  /** The callers waiting for each bucket to be made again. */
+  const waiting = new Map<string, { resolve: () => void; reject: (err: unknown) => void }[]>();
   let lastGoneAt = 0;
   let remaking: Promise<void> | undefined;
+  let stopped = false;
+  const remakeAll = async () => {
+    for (;;) {
+      for (
+        let wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now();
+        wait > 0;
+        wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now()
+      )
+        await sleep(wait, undefined, { ref: false });
+      if (stopped || waiting.size === 0) return;
+      const batch = [...waiting];
+      waiting.clear();
+      const made = await Promise.all(
+        batch.map(async ([bucket, callers]) => {
+          try {
+            const n = await asserted([bucket]);
+            for (const c of callers) c.resolve();
+            return n;
+          } catch (err) {
+            if (!stopped) for (const c of callers) c.reject(err);
+            return 0;
+          }
+        }),
+      );
+      told(made.reduce((a, b) => a + b, 0));
+    }
+  };
   return {
-    remake(bucket) {
-      toRemake.add(bucket);
-      lastGoneAt = performance.now();
-      return (remaking ??= (async () => {
-        for (;;) {
-          for (let wait = STREAM_REMADE_AFTER_MS; wait > 0; wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now())
-            await sleep(wait);
-          const buckets = [...toRemake];
-          if (buckets.length === 0) return;
-          toRemake.clear();
-          await assertAgain(buckets);
-        }
-      })().finally(() => (remaking = undefined)));
-    },
-    reassert: () => assertAgain(),
+    remake: (bucket) =>
+      new Promise<void>((resolve, reject) => {
+        if (stopped) return;
+        const callers = waiting.get(bucket) ?? [];
+        waiting.set(bucket, [...callers, { resolve, reject }]);
+        lastGoneAt = performance.now();
+        remaking ??= remakeAll().finally(() => (remaking = undefined));
+      }),
+    reassert: async () => told(await asserted()),
     onMadeAgain: (listener) => void madeAgain.add(listener),
+    stop() {
+      stopped = true;
+      waiting.clear();
+    },
   };
 }
 
@@ -92,11 +125,11 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
   let missing: string | undefined;
   let failed = false;
   let under: Promise<boolean> | undefined;
-  const once = async (found: boolean) => {
-    if (found || missing === undefined) {
-      if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
-      missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
-    }
+  const sayGone = () => {
+    if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
+    missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
+  };
+  const once = async () => {
     if (remake === undefined) return false;
     try {
       await remake();
@@ -113,9 +146,16 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
     missing = undefined;
     return true;
   };
+  const run = () => (under ??= once().finally(() => (under = undefined)));
   return {
-    gone: () => (under ??= once(true).finally(() => (under = undefined))),
-    retry: () => (under ??= once(false).finally(() => (under = undefined))),
+    gone() {
+      sayGone();
+      return run();
+    },
+    retry: () => {
+      if (missing === undefined) sayGone();
+      return run();
+    },
     missing: () => missing,
     failed: () => failed,
     found() {

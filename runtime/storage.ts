@@ -120,6 +120,7 @@ export async function openStorage(
       })(),
     ]);
   } catch (err) {
+    remakes.stop();
     for (const view of views.values()) view.stop();
     recordsView?.stop();
     throw err;
@@ -160,6 +161,7 @@ export async function openStorage(
     },
     notReady: () => [...views.values(), recordsView!].flatMap((view) => view.trouble() ?? []).concat(claimsGone.missing() ?? []),
     close: () => {
+      remakes.stop();
       for (const sub of advisories) sub.unsubscribe();
       for (const view of views.values()) view.stop();
       recordsView!.stop();

@@ -209,6 +209,7 @@ describe("closing a client (docs/client.md §9)", () => {
     expect(after).toBeInstanceOf(ClientClosed);
     expect(after).toMatchObject({ operation: "declare", message: "declare: the client is closed, nothing was sent" });
     await expect(closing.check("closing", "postgres", { ok: true })).rejects.toBeInstanceOf(ClientClosed);
+    expect(() => closing.onRefresh(() => {})).toThrow(ClientClosed);
     // Nothing deleted by the refused declare of none.
     expect((await needsOf(alder, "closing")).entries).toHaveLength(20);
   });
@@ -226,6 +227,7 @@ describe("closing a client (docs/client.md §9)", () => {
     expect(settled).toBe(true);
     expect(await published).toBeGreaterThan(0);
     await expect(closing.recovered("birch", "closing")).rejects.toMatchObject({ name: "ClientClosed", operation: "recovered" });
+    expect(() => closing.onReleased(() => {})).toThrow("onReleased: the client is closed, nothing was sent");
     const failingOf = async () =>
       ((await alder.status({ provider: "keycloak", machine: "birch", consumer: "closing" })) as { failing: unknown[] }).failing;
     await until(async () => (await failingOf()).length === 1, 10_000, "the failing followed");

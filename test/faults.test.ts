@@ -582,8 +582,20 @@ describe("a bucket made again by hand with other settings than the config, befor
         await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
         // Warned once, not at each time it is tried again.
         expect(lines.filter((l) => l.msg === "bucket not made again; trying again at the next claim")).toHaveLength(1);
-        await deletedAndMadeAsTheConfigSays(running, seat, CLAIMS);
+        // Holding no other bucket back: one deleted meanwhile is made again, and no longer said.
+        const FAILING = "KV_mesh-provisioner_failing";
         const jsm = await seat.jetstreamManager();
+        await jsm.streams.delete(FAILING);
+        await until(async () => (await jsm.streams.info(FAILING).catch(() => undefined)) !== undefined, 10_000, "failing made again");
+        await until(
+          async () => {
+            const { reasons } = (await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons: string[] };
+            return reasons.length === 1 && reasons[0]!.startsWith("bucket mesh-provisioner_claims was deleted behind the set");
+          },
+          10_000,
+          "only the claims bucket said",
+        );
+        await deletedAndMadeAsTheConfigSays(running, seat, CLAIMS);
         await until(
           async () => ((await jsm.streams.info(CLAIMS).catch(() => undefined))?.state.messages ?? 0) > 0,
           15_000,

@@ -183,7 +183,7 @@ describe("close() (docs/client.md §9.1)", () => {
       try {
         node.keepChecking("caddy", "late", () => {});
       } catch (err) {
-        console.log("refused:", err.message);
+        console.log("refused:", err.name, err.message);
       }
       console.log("closed at", Date.now());
     `;
@@ -196,7 +196,7 @@ describe("close() (docs/client.md §9.1)", () => {
       const ended = Date.now();
       // close() called again, at once or later, resolves as the first did.
       expect(stdout).toContain("each closed three times");
-      expect(stdout).toContain("refused: the node client is closed: it checks nothing more");
+      expect(stdout).toContain("refused: ClientClosed keepChecking: the client is closed, nothing was sent");
       const closedAt = Number(/closed at (\d+)/.exec(stdout)![1]);
       // The probe's 30 s limit does not hold the process; it ends as soon as it is idle.
       expect(ended - closedAt).toBeLessThan(5000);
