@@ -1,7 +1,7 @@
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import type { JetStreamClient, KV, NatsConnection, NatsError } from "nats";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS, type Status } from "../functions/_lib/status.ts";
@@ -527,13 +527,20 @@ describe("the claims bucket deleted behind the set (`nats kv rm`)", () => {
 });
 
 /**
- * Deletes `stream` and makes it again at once with another history, as an operator would by hand
- * before the set makes it again (2 s after it learns of the deletion).
+ * Deletes `stream` and makes it again with another history, as an operator would by hand before
+ * the set makes it again (2 s after it learns of the deletion): once the server removed the
+ * deleted stream's folder (nats-server 2.9 removes it after it answered the delete; a stream made
+ * before then loses its files, and may be gone).
  */
-async function madeAgainWithOtherHistory(seat: NatsConnection, stream: string): Promise<void> {
+async function madeAgainWithOtherHistory(bus: TestBus, seat: NatsConnection, stream: string): Promise<void> {
   const jsm = await seat.jetstreamManager();
   const { config } = await jsm.streams.info(stream);
+  const args = readFileSync(`/proc/${bus.server.pid}/cmdline`, "utf8").split("\0");
+  const store = dirname(args[args.indexOf("-c") + 1]!);
+  const folders = () => (readdirSync(store, { recursive: true }) as string[]).filter((p) => p.endsWith(`/streams/${stream}`)).length;
+  expect(folders()).toBe(1);
   await jsm.streams.delete(stream);
+  await until(() => folders() === 0, 1500, `the folder of ${stream} removed`);
   await jsm.streams.add({ ...config, max_msgs_per_subject: config.max_msgs_per_subject + 4 });
 }
 /** Deletes `stream` (made by {@link madeAgainWithOtherHistory}) and waits until the set made it again as the config says, and is ready. */
@@ -555,7 +562,7 @@ describe("a bucket made again by hand with other settings than the config, befor
     () =>
       deletingSeat(async ({ bus, running, seat }) => {
         const NEEDS = "KV_mesh-provisioner_needs";
-        await madeAgainWithOtherHistory(seat, NEEDS);
+        await madeAgainWithOtherHistory(bus, seat, NEEDS);
         await readinessSays(running, "bucket mesh-provisioner_needs was deleted behind the set and cannot be made again");
         const reasons = ((await (await fetch(`${running.httpUrl}/readyz`)).json()) as { reasons: string[] }).reasons;
         expect(reasons.find((r) => r.includes("cannot be made again"))).toMatch(
@@ -573,9 +580,9 @@ describe("a bucket made again by hand with other settings than the config, befor
   it(
     "the claims bucket so: not ready, saying so, until it is deleted again and the set made it; runs are claimed again",
     () =>
-      deletingSeat(async ({ running, lines, seat }) => {
+      deletingSeat(async ({ bus, running, lines, seat }) => {
         const CLAIMS = "KV_mesh-provisioner_claims";
-        await madeAgainWithOtherHistory(seat, CLAIMS);
+        await madeAgainWithOtherHistory(bus, seat, CLAIMS);
         await readinessSays(running, "bucket mesh-provisioner_claims was deleted behind the set and cannot be made again");
         // Still so at the next claims (rotation-fanout claims a run every second): asserted again each time, and refused.
         await new Promise((r) => setTimeout(r, 3000));
