@@ -6,6 +6,7 @@
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { recordsBucket, type Config } from "./config.ts";
+import { errCode, STREAM_NOT_FOUND } from "./jetstream.ts";
 import type { StoreUse } from "./types.ts";
 
 /** How often the probe writes, in milliseconds. */
@@ -34,7 +35,7 @@ export interface Capacity {
 function refusalOf(
   err: Error & { code?: string; api_error?: { description?: string } },
   bucket: string,
-): { reason: string; unanswered: boolean } {
+): { reason: string; unanswered: boolean; noStream?: true } {
   if (err.code === "TIMEOUT") {
     return {
       reason: `JetStream does not answer: a write to ${bucket} got no answer within ${PROBE_TIMEOUT_MS / 1000} s`,
@@ -46,6 +47,7 @@ function refusalOf(
     return {
       reason: `JetStream stores nothing: no stream answers a write to ${bucket} (JetStream is off on the server, or the server switched it off, as it does when its disk is full)`,
       unanswered: false,
+      noStream: true,
     };
   }
   // nats.js's message of a JetStream error may be its code alone ("503"); the server's words are the description.
@@ -75,6 +77,7 @@ export function watchCapacity(nc: NatsConnection, config: Config, log: Logger, s
     (probing ??= (async () => {
       const at = new Date();
       let refusing: string | null = null;
+      let noStream = false;
       try {
         await js.publish(`$KV.${bucket}.probe`, JSON.stringify({ at: at.toISOString() }), { timeout: PROBE_TIMEOUT_MS });
         unanswered = undefined;
@@ -82,6 +85,17 @@ export function watchCapacity(nc: NatsConnection, config: Config, log: Logger, s
         const said = refusalOf(err as Parameters<typeof refusalOf>[0], bucket);
         refusing = said.reason;
         unanswered = said.unanswered ? said.reason : undefined;
+        noStream = said.noStream === true;
+      }
+      // No stream answered because the bucket itself is gone (deleted behind the set): its view
+      // says so and it is made again (docs/operations.md §13.4); nothing is said of JetStream.
+      if (noStream) {
+        const jsm = await nc.jetstreamManager({ timeout: PROBE_TIMEOUT_MS, checkAPI: false });
+        const gone = await jsm.streams.info(`KV_${bucket}`).then(
+          () => false,
+          (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
+        );
+        if (gone) refusing = null;
       }
       let account = state.account;
       if (refusing === null || unanswered === undefined) {

@@ -63,7 +63,11 @@ export function remaker(assert: AssertBuckets, log: Logger): Remaker {
         wait = lastGoneAt + STREAM_REMADE_AFTER_MS - performance.now()
       )
         await sleep(wait, undefined, { ref: false });
-      if (stopped || waiting.size === 0) return;
+      if (stopped || waiting.size === 0) {
+        // Cleared here, not later: a remake() from now on starts the loop again.
+        remaking = undefined;
+        return;
+      }
       const batch = [...waiting];
       waiting.clear();
       const made = await Promise.all(
@@ -88,7 +92,7 @@ export function remaker(assert: AssertBuckets, log: Logger): Remaker {
         const callers = waiting.get(bucket) ?? [];
         waiting.set(bucket, [...callers, { resolve, reject }]);
         lastGoneAt = performance.now();
-        remaking ??= remakeAll().finally(() => (remaking = undefined));
+        remaking ??= remakeAll();
       }),
     reassert: async () => told(await asserted()),
     onMadeAgain: (listener) => void madeAgain.add(listener),

@@ -47,6 +47,8 @@ export interface Runner {
   onMadeAgain(listener: () => void): void;
   /** Why the runner cannot serve as it should now: views loading their bucket again, JetStream refusing writes or not answering them. */
   notReady(): string[];
+  /** The set is stopping: buckets found gone are no longer made again; requests in hand are still answered. */
+  stopping(): void;
   /** Stops the live views. */
   close(): void;
 }
@@ -243,6 +245,7 @@ export async function openRunner({
     },
     onMadeAgain: (listener) => storage.onMadeAgain(listener),
     notReady: () => [...storage.notReady(), ...capacity.notReady()],
+    stopping: () => storage.stopping(),
     close: () => {
       serverTime?.stop();
       capacity.stop();

@@ -89,6 +89,7 @@ export async function start(options: StartOptions): Promise<Running> {
     (stopping ??= (async () => {
       log.info("stopping");
       clearInterval(roundTrips);
+      runner?.stopping();
       // Requests in hand, over NATS and HTTP, are answered for at most the grace.
       await Promise.all(bindings.map((binding) => binding.stop()));
       runner?.close();
@@ -225,6 +226,7 @@ export async function start(options: StartOptions): Promise<Running> {
     for (const binding of bindings) await binding.afterBind?.();
     // Buckets made again (found deleted, or lost by the server): what is made at start, made again.
     opened.onMadeAgain(() => {
+      if (stopping) return;
       void (async () => {
         for (const binding of bindings) await binding.madeAgain?.();
       })().catch((err: unknown) => log.warn({ err: (err as Error).message }, "runs at start not made again"));

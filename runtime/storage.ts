@@ -37,7 +37,9 @@ export interface Storage {
   notReady(): string[];
   /** Calls `listener` each time buckets were made again (found deleted behind the set, or lost by the server). */
   onMadeAgain(listener: () => void): void;
-  /** Stops the live views. */
+  /** The set is stopping: buckets found gone are no longer made again; reads go on. */
+  stopping(): void;
+  /** Stops the live views, and making buckets again. */
   close(): void;
 }
 
@@ -149,6 +151,7 @@ export async function openStorage(
     records: recorder(writeBucket(kvs.get(RECORDS)!, js, recordsBucket(config.seat)), claims, refusers, recordsView!),
     reassert: remakes.reassert,
     onMadeAgain: remakes.onMadeAgain,
+    stopping: remakes.stop,
     async clockSample() {
       const sentAt = Date.now();
       const seq = await kvs.get(RECORDS)!.put(CLOCK_KEY, "");

@@ -504,6 +504,30 @@ describe("the registry's bucket deleted behind the set", () => {
   );
 });
 
+describe("the runtime's own bucket deleted behind the set", () => {
+  it(
+    "is said missing and made again; JetStream is not said to store nothing",
+    () =>
+      deletingSeat(async ({ running, lines, seat }) => {
+        const RUNTIME = "KV_mesh-provisioner_runtime";
+        const jsm = await seat.jetstreamManager();
+        await jsm.streams.delete(RUNTIME);
+        await readinessSays(running, "bucket mesh-provisioner_runtime does not exist on the server");
+        // Deleted again each time it is made, for longer than the capacity probe's 5 s between two
+        // writes to it: one of them finds it missing.
+        for (const until6 = Date.now() + 6000; ;) {
+          await until(async () => (await jsm.streams.info(RUNTIME).catch(() => undefined)) !== undefined, 15_000, "made again");
+          if (Date.now() > until6) break;
+          await jsm.streams.delete(RUNTIME);
+        }
+        await readyAgain(running);
+        expect(lines.filter((l) => l.msg.startsWith("JetStream stores nothing"))).toEqual([]);
+        expect(new Set(madeAgainWarnings(lines))).toEqual(new Set(["mesh-provisioner_runtime"]));
+      }),
+    60_000,
+  );
+});
+
 describe("the claims bucket deleted behind the set (`nats kv rm`)", () => {
   it(
     "is found by the next claim, said in readiness, made again, and scheduled runs are claimed again",
