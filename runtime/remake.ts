@@ -119,6 +119,8 @@ export interface GoneBucket {
   failed(): boolean;
   /** The bucket was found there (its stream info read): no longer missing. */
   found(): void;
+  /** The bucket was found made again with other settings than the config (`err`, the assertion's): said as a making again that failed, tried again so. */
+  refused(err: unknown): void;
 }
 
 /**
@@ -133,17 +135,20 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
     if (missing === undefined) log.warn({ bucket }, "bucket gone; making it again");
     missing = `bucket ${bucket} does not exist on the server (deleted behind the set): ${remake ? "making it again" : "nothing is read from it"}`;
   };
+  const refused = (err: unknown) => {
+    const reason = reasonOf(err);
+    const said = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
+    // Said at warn once while the reason stays the same (it is tried again often), at debug after.
+    log[said === missing ? "debug" : "warn"]({ bucket, err: reason }, `bucket not made again; trying again ${retried}`);
+    missing = said;
+    failed = true;
+  };
   const once = async () => {
     if (remake === undefined) return false;
     try {
       await remake();
     } catch (err) {
-      const reason = reasonOf(err);
-      const said = `bucket ${bucket} was deleted behind the set and cannot be made again: ${reason}`;
-      // Said at warn once while the reason stays the same (it is tried again often), at debug after.
-      log[said === missing ? "debug" : "warn"]({ bucket, err: reason }, `bucket not made again; trying again ${retried}`);
-      missing = said;
-      failed = true;
+      refused(err);
       return false;
     }
     failed = false;
@@ -166,5 +171,6 @@ export function goneBucket(bucket: string, log: Logger, remake: (() => Promise<v
       missing = undefined;
       failed = false;
     },
+    refused,
   };
 }

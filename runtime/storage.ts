@@ -85,6 +85,8 @@ export async function openStorage(
   // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
   // again as at the start (docs/operations.md §13.4).
   const remakes = remaker((only, created) => assertBuckets(nc, config, log, { only, created }), log);
+  // A bucket found made again behind the set is held against the config, as at the start.
+  const assertOne = (bucket: string) => async () => void (await assertBuckets(nc, config, log, { only: [bucket] }));
   const claimsName = claimsBucket(config.seat);
   // Not ready while the claims bucket is missing: no scheduled run can be claimed.
   const claimsGone = goneBucket(claimsName, log, () => remakes.remake(claimsName), "at the next claim");
@@ -107,7 +109,11 @@ export async function openStorage(
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
         const bucket = config.buckets[name]!.bucket;
-        const view = await openView(nc, bucket, read(name), log, { progress, remake: () => remakes.remake(bucket) });
+        const view = await openView(nc, bucket, read(name), log, {
+          progress,
+          remake: () => remakes.remake(bucket),
+          assert: assertOne(bucket),
+        });
         views.set(name, view);
         await view.loaded;
         await view.check();
@@ -116,6 +122,7 @@ export async function openStorage(
         recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, {
           progress,
           remake: () => remakes.remake(recordsBucket(config.seat)),
+          assert: assertOne(recordsBucket(config.seat)),
         });
         await recordsView.loaded;
         await recordsView.check();

@@ -116,14 +116,21 @@ function sameAfterOf(bucket: string, messageFrom: MessageFrom, generation: () =>
  * stream's subjects at the start of the load (its number of keys, from the same stream info) and
  * the keys the view holds (docs/runtime.md §6.5.1). A bucket whose stream is found missing (deleted
  * behind the set) is said by {@link LiveView.trouble}, its fresh reads refused with a 503 at
- * once, and made again by `remake`, then loaded (docs/operations.md §13.4).
+ * once, and made again by `remake`, then loaded; one found made again (by hand) is first held
+ * against the config by `assert`, and said, not loaded, when it has other settings
+ * (docs/operations.md §13.4).
  */
 export async function openView(
   nc: NatsConnection,
   bucket: string,
   server: ReadBucket,
   log: Logger,
-  { resyncMs = RESYNC_MS, progress, remake }: { resyncMs?: number; progress?: Progress; remake?: () => Promise<void> } = {},
+  {
+    resyncMs = RESYNC_MS,
+    progress,
+    remake,
+    assert,
+  }: { resyncMs?: number; progress?: Progress; remake?: () => Promise<void>; assert?: () => Promise<void> } = {},
 ): Promise<LiveView> {
   const jsm = await nc.jetstreamManager();
   const { config: streamConfig, created, state } = await jsm.streams.info(`KV_${bucket}`);
@@ -207,6 +214,7 @@ export async function openView(
     nothingAfter,
     load: start,
     remake,
+    assert,
     adopt: (next, sameStream) => {
       current = next;
       heldBefore = next.held;

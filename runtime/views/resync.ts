@@ -73,6 +73,7 @@ export function resyncing<G extends Load>({
   load,
   adopt,
   remake,
+  assert,
 }: {
   jsm: JetStreamManager;
   bucket: string;
@@ -87,6 +88,8 @@ export function resyncing<G extends Load>({
   adopt: (next: G, sameStream: boolean) => void;
   /** Makes the bucket again when its stream is found missing; resolves once it exists. None: said, never made. */
   remake?: () => Promise<void>;
+  /** Holds the bucket against the config, as at the start: rejects when it has other settings. None: not held. */
+  assert?: () => Promise<void>;
 }): Resync {
   const stream = `KV_${bucket}`;
   let loadedFrom = created;
@@ -150,6 +153,14 @@ export function resyncing<G extends Load>({
     const { state, created: streamCreated } = info;
     const generation = current();
     const { applied } = generation;
+    if (streamCreated !== loadedFrom) {
+      // Made again behind the set (its deletion may have come with no advisory): held against the config first.
+      const other = await assert?.().then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      if (other !== undefined) return void gone.refused(other);
+    }
     if (asked !== undefined) return reload(asked.why, asked.trusted, streamCreated);
     // A last sequence below what the view applied is not taken from here: a leader cut off from
     // its quorum answers stream infos from a store that is behind. The view's freshness probe,
