@@ -214,8 +214,18 @@ describe("two replicas of the set on a 3-server cluster with replicas 3", () => 
     const runs = [await eventRuns(a.httpUrl), await eventRuns(b.httpUrl)];
     expect(runs[0]! + runs[1]! - runsBefore).toBe(1000);
     expect(Object.keys(model).length).toBeGreaterThan(10);
-    expect(await failingOn(a.httpUrl, "spread")).toEqual(model);
-    expect(await failingOn(b.httpUrl, "spread")).toEqual(model);
+    const onA = await failingOn(a.httpUrl, "spread");
+    expect(await failingOn(b.httpUrl, "spread")).toEqual(onA);
+    const [major, minor, patch] = (operator.info?.version ?? "0.0.0").split(".").map(Number) as [number, number, number];
+    if (major > 2 || (major === 2 && (minor > 9 || (minor === 9 && patch >= 21)))) {
+      expect(onA).toEqual(model);
+    } else {
+      // Before nats-server 2.9.21 a replicated stream does not check a write's expected revision
+      // atomically (nats-server#4320): two replicas' writes to one key may both succeed, and the
+      // newest event may lose (docs/servers.md). What each keeps is still one of its own events.
+      const failingWords = new Set(events.filter((e) => e.kind === "failing").map((e) => `${e.provider}/${e.consumer} ${e.word}@${e.at}`));
+      for (const [key, kept] of Object.entries(onA)) expect(failingWords).toContain(`${key} ${kept}`);
+    }
   }, 120_000);
 
   it("keep answering when the server of one replica is killed: it reconnects, nothing acknowledged is lost", async () => {
