@@ -6,7 +6,7 @@
 import type { NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { recordsBucket, type Config } from "./config.ts";
-import { errCode, STREAM_NOT_FOUND } from "./jetstream.ts";
+import { streamGone } from "./jetstream.ts";
 import type { StoreUse } from "./types.ts";
 
 /** How often the probe writes, in milliseconds. */
@@ -91,11 +91,7 @@ export function watchCapacity(nc: NatsConnection, config: Config, log: Logger, s
       // says so and it is made again (docs/operations.md §13.4); nothing is said of JetStream.
       if (noStream) {
         const jsm = await nc.jetstreamManager({ timeout: PROBE_TIMEOUT_MS, checkAPI: false });
-        const gone = await jsm.streams.info(`KV_${bucket}`).then(
-          () => false,
-          (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
-        );
-        if (gone) refusing = null;
+        if (await streamGone(jsm, `KV_${bucket}`)) refusing = null;
       }
       let account = state.account;
       if (refusing === null || unanswered === undefined) {

@@ -3,7 +3,7 @@
  * code, never by text), the reason a failed request gives, and asking again while a cluster
  * elects its leaders (docs/buckets.md §2.4).
  */
-import { ErrorCode } from "nats";
+import { ErrorCode, type JetStreamManager } from "nats";
 import pRetry, { AbortError } from "p-retry";
 import type { Logger } from "pino";
 
@@ -17,6 +17,17 @@ export const CONSUMER_NOT_FOUND = 10014;
 
 /** The JetStream error code of a failed API request; `undefined` when the server said none (no answer, no responders). */
 export const errCode = (err: unknown): number | undefined => (err as { api_error?: { err_code?: number } }).api_error?.err_code;
+
+/**
+ * Whether the server says stream `stream` does not exist (its info answered `STREAM_NOT_FOUND`):
+ * `false` when it answers the info, and when the asking fails otherwise (no answer, no
+ * responders: nothing is known then). Asks `$JS.API.STREAM.INFO.<stream>` once.
+ */
+export const streamGone = (jsm: JetStreamManager, stream: string): Promise<boolean> =>
+  jsm.streams.info(stream).then(
+    () => false,
+    (err: unknown) => errCode(err) === STREAM_NOT_FOUND,
+  );
 
 /**
  * What a failed JetStream API request says: the server's description when it gave one (nats.js

@@ -7,7 +7,7 @@ import { randomUUID } from "node:crypto";
 import type { JetStreamManager, NatsConnection } from "nats";
 import type { Logger } from "pino";
 import { assertBuckets, CLAIMS, RECORDS } from "./assert.ts";
-import { advisorySubject, errCode, STREAM_NOT_FOUND } from "./jetstream.ts";
+import { advisorySubject, streamGone } from "./jetstream.ts";
 import { nanosOfTime, readBucket, writeBucket } from "./buckets.ts";
 import { claimsBucket, recordsBucket, type Config } from "./config.ts";
 import { recorder, type Recorder } from "./records.ts";
@@ -85,8 +85,13 @@ export async function openStorage(
   // advisories, or (the claims bucket, which no view reads) by a claim no stream answers, are made
   // again as at the start (docs/operations.md §13.4).
   const remakes = remaker((only, created) => assertBuckets(nc, config, log, { only, created }), log);
-  // A bucket found made again behind the set is held against the config, as at the start.
-  const assertOne = (bucket: string) => async () => void (await assertBuckets(nc, config, log, { only: [bucket] }));
+  // What a view does with its bucket found gone (made again), or found made again behind the set
+  // (held against the config, as at the start).
+  const keptBy = (bucket: string) => ({
+    progress,
+    remake: () => remakes.remake(bucket),
+    assert: async () => void (await assertBuckets(nc, config, log, { only: [bucket] })),
+  });
   const claimsName = claimsBucket(config.seat);
   // Not ready while the claims bucket is missing: no scheduled run can be claimed.
   const claimsGone = goneBucket(claimsName, log, () => remakes.remake(claimsName), "at the next claim");
@@ -96,11 +101,7 @@ export async function openStorage(
     create: (key, value) => {
       if (claimsGone.failed()) void claimsGone.retry();
       return claimsWrites.create(key, value).catch(async (err: unknown) => {
-        const gone = await (jsm ??= await nc.jetstreamManager({ checkAPI: false })).streams.info(`KV_${claimsName}`).then(
-          () => false,
-          (e: unknown) => errCode(e) === STREAM_NOT_FOUND,
-        );
-        if (gone) void claimsGone.gone();
+        if (await streamGone((jsm ??= await nc.jetstreamManager({ checkAPI: false })), `KV_${claimsName}`)) void claimsGone.gone();
         throw err;
       });
     },
@@ -109,21 +110,13 @@ export async function openStorage(
     await Promise.all([
       ...[...new Set(viewed)].map(async (name) => {
         const bucket = config.buckets[name]!.bucket;
-        const view = await openView(nc, bucket, read(name), log, {
-          progress,
-          remake: () => remakes.remake(bucket),
-          assert: assertOne(bucket),
-        });
+        const view = await openView(nc, bucket, read(name), log, keptBy(bucket));
         views.set(name, view);
         await view.loaded;
         await view.check();
       }),
       (async () => {
-        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, {
-          progress,
-          remake: () => remakes.remake(recordsBucket(config.seat)),
-          assert: assertOne(recordsBucket(config.seat)),
-        });
+        recordsView = await openView(nc, recordsBucket(config.seat), recordsRead, log, keptBy(recordsBucket(config.seat)));
         await recordsView.loaded;
         await recordsView.check();
       })(),
