@@ -19,3 +19,31 @@ export function keyedSerial(): <T>(key: string, task: () => Promise<T>) => Promi
     return run;
   };
 }
+
+/**
+ * Coalesces a task: a caller gets what a run of `task` started after it called resolves with,
+ * and callers that arrive while one run is under way share the next one, started once it ends
+ * (however it ended): one run at a time, at most one waiting. For a freshness probe (one asking
+ * of the server serves a burst of reads) and for work that must not overlap itself.
+ */
+export function coalesced<T>(task: () => Promise<T>): () => Promise<T> {
+  let inFlight: Promise<T> | undefined;
+  let queued: Promise<T> | undefined;
+  const start = () => {
+    const sent = task().finally(() => {
+      if (inFlight === sent) inFlight = undefined;
+    });
+    inFlight = sent;
+    return sent;
+  };
+  return () => {
+    if (inFlight === undefined) return start();
+    queued ??= inFlight
+      .catch(() => undefined)
+      .then(() => {
+        queued = undefined;
+        return start();
+      });
+    return queued;
+  };
+}

@@ -78,3 +78,54 @@ describe("a cron trigger as a file loads", () => {
     expect(problems("0 0 30 2 *")).toEqual(["never comes (no such day, e.g. 30 February)"]);
   });
 });
+
+describe("runs at start made again (docs/operations.md §13.4)", () => {
+  it("never overlap: passes asked during one run once after it, and stopping waits for the pass under way", async () => {
+    let under = 0;
+    let most = 0;
+    const started: string[] = [];
+    const ends: (() => void)[] = [];
+    const fn = (name: string) => ({ name }) as never;
+    const env = {
+      graceMs: 5000,
+      run: (f: { name: string }) => {
+        started.push(f.name);
+        most = Math.max(most, ++under);
+        return new Promise((resolve) => ends.push(() => resolve((under--, { ok: true, value: null })))) as never;
+      },
+    } as never;
+    const binding = await cron.bind(
+      [
+        { fn: fn("compile"), trigger: { cron: "0 0 1 1 *", onStart: true }, index: 0 },
+        { fn: fn("hourly"), trigger: { cron: "0 * * * *" }, index: 0 },
+        { fn: fn("index"), trigger: { cron: "0 0 1 1 *", onStart: true }, index: 0 },
+      ],
+      env,
+    );
+    const settle = () => new Promise((resolve) => setImmediate(resolve));
+    const first = binding.afterBind!();
+    await settle();
+    // Buckets made again three times while the first pass runs: one more pass, after it.
+    const again = [binding.madeAgain!(), binding.madeAgain!(), binding.madeAgain!()];
+    await settle();
+    expect(started).toEqual(["compile"]);
+    ends.shift()!();
+    await settle();
+    expect(started).toEqual(["compile", "index"]);
+    ends.shift()!();
+    await first;
+    await settle();
+    expect(started).toEqual(["compile", "index", "compile"]);
+    // Stopping now waits for the pass under way.
+    let stopped = false;
+    const stop = binding.stop!().then(() => (stopped = true));
+    await settle();
+    expect(stopped).toBe(false);
+    ends.shift()!();
+    await settle();
+    ends.shift()!();
+    await Promise.all([...again, stop]);
+    expect(started).toEqual(["compile", "index", "compile", "index"]);
+    expect(most).toBe(1);
+  });
+});

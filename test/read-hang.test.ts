@@ -5,7 +5,8 @@ import type { KV } from "nats";
 import type { LoadedFunction, Running } from "../runtime/index.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { READ_DEADLINE_MS } from "../runtime/views/index.ts";
-import { coalesced, type LastSequence } from "../runtime/views/probes.ts";
+import { coalesced } from "../runtime/serial.ts";
+import type { LastSequence } from "../runtime/views/probes.ts";
 import { catchUpOf, startSet, testBus, until } from "./helpers.ts";
 
 // A read in flight when the server stops answering ends within the read's deadline

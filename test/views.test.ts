@@ -9,7 +9,8 @@ import type { TestBus } from "../runtime/testing.ts";
 import { MARKER_KEY, MARKER_VALUE_BYTES, openView, type LiveView } from "../runtime/views/index.ts";
 import type { CatchUp } from "../runtime/views/freshness.ts";
 import { appliedAt, startGeneration } from "../runtime/views/generation.ts";
-import { coalesced, messageFromProbe, type LastSequence } from "../runtime/views/probes.ts";
+import { coalesced } from "../runtime/serial.ts";
+import { messageFromProbe, type LastSequence } from "../runtime/views/probes.ts";
 import { catchUpOf, testBus, until } from "./helpers.ts";
 
 // A live view answers the reads of a ReadBucket from memory: whatever was written, it must

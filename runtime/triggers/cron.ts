@@ -7,6 +7,7 @@
  */
 import { Cron } from "croner";
 import { z } from "zod";
+import { coalesced } from "../serial.ts";
 import type { TriggerKind } from "./kind.ts";
 
 /**
@@ -94,7 +95,8 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
 
   /**
    * Once every kind is bound, runs every `{ cron, onStart: true }` function once (in order,
-   * awaited), and again whenever the set made buckets again (docs/operations.md §13.4), then
+   * awaited), and again whenever the set made buckets again (docs/operations.md §13.4; never two
+   * such passes at once: one asked during a pass runs once after it), then
    * schedules every trigger. A scheduled time is run only by the replica that
    * claims it, by that time ({@link dueAt}); a claim that cannot be made skips the run; a run
    * still going when the next is due skips that one. Not ready while a function's run at start failed, until it runs again.
@@ -105,14 +107,17 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
     let jobs: Cron[] = [];
     // Runs in hand, which stop waits for (within the grace).
     const running = new Set<Promise<unknown>>();
-    const runAtStart = async () => {
+    // One pass at a time: buckets made again while a pass is under way run one more after it.
+    const runAtStart = coalesced(async () => {
       for (const { fn, trigger } of targets) {
         if (!trigger.onStart) continue;
-        const outcome = await env.run(fn, { value: {} }, { kind: "start" });
+        const run = env.run(fn, { value: {} }, { kind: "start" });
+        running.add(run);
+        const outcome = await run.finally(() => running.delete(run));
         if (outcome.ok) failedAtStart.delete(fn.name);
         else failedAtStart.add(fn.name);
       }
-    };
+    });
     return {
       // What is made at start is made again with the buckets that held it.
       madeAgain: runAtStart,

@@ -3,7 +3,7 @@
  * the stream's last sequence ({@link lastSequenceProbe}: with replicas, from a leader that heard
  * from a quorum lately), whether anything follows a sequence ({@link nothingAfterProbe}), and the
  * marker a view short of a replicated stream writes ({@link endMarker}). Each is asked on the
- * connection's one inbox subscription; {@link coalesced} shares one between concurrent reads.
+ * connection's one inbox subscription; `coalesced` (serial.ts) shares one between concurrent reads.
  */
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -27,33 +27,6 @@ export const LEASE_MS = 2000;
  * last sequence, `$KV.<bucket>._freshness` ({@link endMarker}).
  */
 export const MARKER_KEY = "_freshness";
-
-/**
- * Coalesces an asking of the server: a caller gets the answer of a request sent after it
- * called, and callers that arrive while one request is out share the next one, so at most two
- * are ever out.
- */
-export function coalesced<T>(read: () => Promise<T>): () => Promise<T> {
-  let inFlight: Promise<T> | undefined;
-  let queued: Promise<T> | undefined;
-  const send = () => {
-    const sent = read().finally(() => {
-      if (inFlight === sent) inFlight = undefined;
-    });
-    inFlight = sent;
-    return sent;
-  };
-  return () => {
-    if (inFlight === undefined) return send();
-    queued ??= inFlight
-      .catch(() => undefined)
-      .then(() => {
-        queued = undefined;
-        return send();
-      });
-    return queued;
-  };
-}
 
 /** What one freshness probe found. */
 export interface LastSequence {
