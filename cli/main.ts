@@ -1,5 +1,5 @@
 import { Command } from "commander";
-import { CONFIG_FILE, ServiceError } from "../runtime/index.ts";
+import { CONFIG_FILE, ServiceError, thrownText } from "../runtime/index.ts";
 import { showWhole } from "./ask.ts";
 import { askCommand } from "./commands/ask.ts";
 import { clusterCommand } from "./commands/cluster.ts";
@@ -49,6 +49,6 @@ program.parseAsync().catch((err: unknown) => {
     console.error(`mesh-provisioner: refused (${err.code}): ${err.message}`);
     process.exit(2);
   }
-  console.error(`mesh-provisioner: ${(err as Error).message}`);
+  console.error(`mesh-provisioner: ${thrownText(err)}`);
   process.exit(1);
 });

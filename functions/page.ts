@@ -14,8 +14,9 @@ import { provisioningConfig, STATE_VIEWS } from "./_lib/state.ts";
 export default defineFunction({
   description: "Serves the page GET / (and its live parts, GET /page.json): status, failing, module states, history, the registry.",
   triggers: [{ http: "GET /" }, { http: `GET ${PARTS_PATH}` }],
-  // Checked by the handler against pageQuery, so a refusal is a page, not JSON.
-  input: z.record(z.string(), z.unknown()),
+  // Checked by the handler against pageQuery, so a refusal is a page, not JSON (taken as it
+  // came: a record schema would drop a parameter named __proto__ before the check).
+  input: z.unknown(),
   config: provisioningConfig,
   access: { views: STATE_VIEWS, streams: [EVENTS_STREAM] },
   handler: async (input, ctx) => {

@@ -6,7 +6,7 @@
 import { existsSync } from "node:fs";
 import { dirname, relative, resolve } from "node:path";
 import { z } from "zod";
-import { formatIssues } from "./errors.ts";
+import { formatIssues, thrownText } from "./errors.ts";
 import { importModule } from "./modules.ts";
 
 /** The name of the config file the CLI looks for in the working folder. */
@@ -312,7 +312,7 @@ export async function loadConfig(file: string = resolve(CONFIG_FILE), env: NodeJ
   try {
     module = (await importModule(path)) as { default?: unknown };
   } catch (err) {
-    throw new ConfigError(`${file}: cannot be loaded: ${(err as Error).message}`, { cause: err });
+    throw new ConfigError(`${file}: cannot be loaded: ${thrownText(err)}`, { cause: err });
   }
   if (module.default === undefined) throw new ConfigError(`${file}: has no default export; export default defineConfig({...})`);
   return resolveConfig(module.default, path, env);

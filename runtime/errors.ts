@@ -78,3 +78,12 @@ export class RevisionConflict extends Error {
     super(`${bucket}: ${key} changed since it was read`, options);
   }
 }
+
+/** What was thrown, as text: an error's message, else the value as a string, else that it has none. */
+export function thrownText(err: unknown): string {
+  try {
+    return err instanceof Error ? String(err.message) : String(err);
+  } catch {
+    return "a value that cannot be said as text";
+  }
+}

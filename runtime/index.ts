@@ -32,7 +32,7 @@ export type {
 export type { ReadStream, StreamMessage } from "./streams.ts";
 export { nanosOfTime } from "./buckets.ts";
 export { defineConfig, loadConfig, resolveConfig, configPath, ConfigError, CONFIG_FILE, type Config, type ConfigInput } from "./config.ts";
-export { ServiceError, RevisionConflict, badInput, formatIssues } from "./errors.ts";
+export { ServiceError, RevisionConflict, badInput, formatIssues, thrownText } from "./errors.ts";
 export { HtmlText, JsonText, WithStatus } from "./json.ts";
 export { keyedSerial } from "./serial.ts";
 export { createLogger } from "./log.ts";

@@ -8,7 +8,7 @@ import { basename, join, relative } from "node:path";
 import { z } from "zod";
 import { configPath, configSchema, RESOLVED_FIELDS, type Config } from "./config.ts";
 import { definitionSchema, type FunctionDefinition, type LoadedFunction } from "./define.ts";
-import { formatIssues } from "./errors.ts";
+import { formatIssues, thrownText } from "./errors.ts";
 import { isRuntimeMetric } from "./metrics.ts";
 import { importModule } from "./modules.ts";
 import { kindOf } from "./triggers/index.ts";
@@ -53,7 +53,7 @@ export async function loadFunction(file: string): Promise<LoadedFunction> {
   try {
     module = (await importModule(file)) as { default?: unknown };
   } catch (err) {
-    throw new LoadError([`${shown(file)}: cannot be loaded: ${(err as Error).message}`], { cause: err });
+    throw new LoadError([`${shown(file)}: cannot be loaded: ${thrownText(err)}`], { cause: err });
   }
   if (module.default === undefined) {
     throw new LoadError([`${shown(file)}: has no default export; export default defineFunction({...})`]);

@@ -7,6 +7,7 @@ import { createRequire } from "node:module";
 import type { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Logger } from "pino";
 import type { CounterMetric, GaugeMetric, Labels, MetricDeclaration, StoreUse } from "./types.ts";
+import { thrownText } from "./errors.ts";
 
 /**
  * prom-client, loaded when the first registry is made: a command line call that makes none
@@ -108,7 +109,7 @@ export function declareMetric(
               if (typeof value !== "number" || !Number.isFinite(value)) throw new Error(`collect returned ${String(value)}, not a number`);
               gauge.set(value);
             } catch (err) {
-              log.warn({ metric: name, err: (err as Error).message }, "metric not collected; it keeps its last value");
+              log.warn({ metric: name, err: thrownText(err) }, "metric not collected; it keeps its last value");
             } finally {
               clearTimeout(timer);
             }

@@ -11,7 +11,7 @@ import { z } from "zod";
 import type { Config } from "./config.ts";
 import { contexts } from "./context.ts";
 import type { AnyContext, LoadedFunction, TriggerInfo } from "./define.ts";
-import { formatIssues, refusalMessage, ServiceError } from "./errors.ts";
+import { formatIssues, refusalMessage, ServiceError, thrownText } from "./errors.ts";
 import { HtmlText, JsonText, jsonOf, WithStatus } from "./json.ts";
 import { createMetrics, type Metrics } from "./metrics.ts";
 import type { Delivered, Recorder } from "./records.ts";
@@ -91,15 +91,6 @@ const refusalLevel = (trigger: TriggerInfo) => (trigger.kind === "event" ? "warn
 
 /** The kinds of run whose answer someone receives: a reply, an HTTP body, `invoke`'s value. */
 const ANSWERED: ReadonlySet<TriggerInfo["kind"]> = new Set(["subject", "http", "invoke"]);
-
-/** What was thrown, as text: an error's message, else the value as a string, else that it has none. */
-function thrownText(err: unknown): string {
-  try {
-    return err instanceof Error ? String(err.message) : String(err);
-  } catch {
-    return "a value that cannot be said as text";
-  }
-}
 
 /**
  * Opens the runner: asserts the buckets and loads the live views the functions declare

@@ -184,6 +184,11 @@ describe("the page GET /", () => {
     expect(await page.locator("#refusal").innerText()).toBe(
       "node: must be one token (A-Z a-z 0-9 - _ / =): no '.', '*', '>', white space, nor nothing; colour: unknown field",
     );
+    // A parameter named as an object's prototype is a field like any other, for the page as for its parts.
+    expect((await page.goto(`${url}/?__proto__=1`))!.status()).toBe(400);
+    expect(await page.locator("#refusal").innerText()).toBe("__proto__: unknown field");
+    const parts = await fetch(`${url}/page.json?__proto__=1`);
+    expect([parts.status, await parts.json()]).toEqual([400, { error: { code: 400, message: "__proto__: unknown field" } }]);
     await page.close();
   });
 

@@ -168,6 +168,7 @@ export default defineFunction({
       "unknown-bucket.ts": `${header}export default defineFunction({ description: "x", triggers: [{ subject: "u.b" }], access: { reads: ["nope"] }, handler: () => 1 });\n`,
       "unknown-trigger.ts": `${header}export default defineFunction({ description: "x", triggers: [{ topic: "t" } as any], handler: () => 1 });\n`,
       "_helper.ts": "this is not even TypeScript, and it is not a function file",
+      "throws-null.ts": "throw null;\n",
     });
     const failure = await start({ config: configFor(dir) }).catch((e: unknown) => e);
     expect(failure).toBeInstanceOf(LoadError);
@@ -178,6 +179,8 @@ export default defineFunction({
       `${f("cron-input.ts")}: triggers.0: a cron run's input is {}, which the input schema refuses`,
       `${f("no-default.ts")}: has no default export; export default defineFunction({...})`,
       `${f("no-handler.ts")}: not a valid function: handler: must be a function (input, ctx) => answer`,
+      // What it throws as it loads is said, whatever it is.
+      `${f("throws-null.ts")}: cannot be loaded: null`,
       `${f("unknown-trigger.ts")}: not a valid function: triggers.0: must be one of { subject }, { event, stream? }, { cron, onStart? }, { http: "METHOD /path" }`,
       // checks of the set against the config come after the checks of each file
       `${f("unknown-bucket.ts")}: access.reads: no bucket "nope" in the config (it has registry, needs, applied, collect, failing, assignments, rotations, presence, checks)`,
@@ -502,6 +505,7 @@ export default defineFunction({
     probe_level: { type: "gauge", help: "Level" },
     probe_collected: { type: "gauge", help: "Read at each scrape", collect: () => { if (++scrapes === 3) throw new Error("no reading"); return scrapes * 10; } },
     probe_stuck: { type: "gauge", help: "Gives no value the second time", collect: () => (scrapes === 2 ? new Promise<number>(() => {}) : 7) },
+    probe_thrown: { type: "gauge", help: "Throws what is no error the third time", collect: () => { if (scrapes === 3) throw null; return 5; } },
   },
   handler: (input, ctx) => {
     ctx.metrics.probe_tallied_total.inc(input.by, { color: input.color });
@@ -534,10 +538,12 @@ export default defineFunction({
         500,
         "tally failed: metric probe_tallied_total: inc takes a finite number ≥ 0, not -1",
       ]);
-      // A collect that throws: the scrape still answers, and the gauge keeps its last value.
+      // A collect that throws (an error, or what is none): the scrape still answers, and the gauge keeps its last value.
       const failed = await fetch(`${set.httpUrl}/metrics`);
       expect(failed.status).toBe(200);
-      expect(sample(await failed.text(), "probe_collected")).toBe(20);
+      const failedText = await failed.text();
+      expect(sample(failedText, "probe_collected")).toBe(20);
+      expect(sample(failedText, "probe_thrown")).toBe(5);
       expect(sample(await scrape(set.httpUrl), "probe_collected")).toBe(40);
     } finally {
       await set.stop();
@@ -603,6 +609,10 @@ describe("the config", () => {
     folders.push(dirname(file));
     writeFileSync(file, "export const seat = 'mesh-provisioner';\n");
     await expect(loadConfig(file)).rejects.toThrow(`${file}: has no default export; export default defineConfig({...})`);
+    // What a config file throws as it loads is said, whatever it is.
+    const throwing = join(dirname(file), "throwing.config.ts");
+    writeFileSync(throwing, "throw undefined;\n");
+    await expect(loadConfig(throwing)).rejects.toThrow(`${throwing}: cannot be loaded: undefined`);
   });
 
   it("refuses two names of one bucket, the runtime's own buckets included", () => {
