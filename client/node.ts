@@ -2,7 +2,7 @@
  * A node's provisioner client (docs/client.md §9.1): it writes its own node's needs, applied
  * records and collection items, hears its rotation notices, and asks the set's verbs.
  */
-import type { KV, NatsConnection } from "nats";
+import { headers, type KV, type MsgHdrs, type NatsConnection } from "nats";
 import * as z from "zod/mini";
 import { provisionName, token } from "../contract/keys.ts";
 import {
@@ -161,6 +161,22 @@ const needValue = z.record(z.string(), z.unknown()).check(
 );
 const statusNarrowing = z.strictObject({ provider: z.optional(token), machine: z.optional(token), consumer: z.optional(token) });
 
+/** A value's JSON text, or `undefined` when it has none here (nested too deep to be written again). */
+function textOf(value: unknown): string | undefined {
+  try {
+    return JSON.stringify(value);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The headers of a KV delete marker, as nats.js's `kv.delete` writes it. */
+function deleteHeaders(): MsgHdrs {
+  const h = headers();
+  h.set("KV-Operation", "DEL");
+  return h;
+}
+
 /**
  * Connects as node `options.node` (docs/client.md §9.1) and opens its buckets as its
  * permissions allow (bound, direct gets: `<seat>_needs`, `<seat>_applied`, `<seat>_collect`).
@@ -253,7 +269,7 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
         );
       }
       const held = await allPages<{ key: string; value: unknown }>(mesh, { what: "needs", node, module });
-      const now = new Map(held.entries.map((e) => [e.key, JSON.stringify(e.value)]));
+      const now = new Map(held.entries.map((e) => [e.key, textOf(e.value)]));
       const needs = await kv("needs");
       const written: string[] = [];
       const unchanged: string[] = [];
@@ -268,7 +284,8 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
       const deleted = [...held.entries.map((e) => e.key), ...(held.outOfShape as { key: string }[]).map((o) => o.key)].filter(
         (key) => !wanted.has(key),
       );
-      for (const key of deleted) await needs.delete(key);
+      // Deleted as the server names them: a key out of shape may hold what nats.js's KV refuses in a key (`a:b`, `naïve`).
+      for (const key of deleted) await js.publish(`$KV.${mesh.bucket("needs")}.${key}`, undefined, { headers: deleteHeaders() });
       return { written, deleted, unchanged };
     },
     async applied(module, fields = {}) {

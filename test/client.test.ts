@@ -91,6 +91,28 @@ describe("a node client", () => {
     expect((await needsOf(alder, "stray")).outOfShape).toEqual([]);
   });
 
+  it("deletes its keys out of shape whatever they hold, and writes again a need whose value it cannot write back", async () => {
+    // Keys nats.js's KV refuses to name, written by hand on the node's own subjects.
+    const js = (await bus.connect("alder")).jetstream();
+    await js.publish("$KV.mesh-provisioner_needs.alder.odd.config.a:b", "{}");
+    await js.publish("$KV.mesh-provisioner_needs.alder.odd.config.naïve", "{}");
+    // A need whose value is nested deeper than JSON.stringify reaches.
+    let deep = "1";
+    for (let i = 0; i < 20_000; i++) deep = `[${deep}]`;
+    await js.publish("$KV.mesh-provisioner_needs.alder.odd.config.a", `{"placeholder":"\${config:a}","deep":${deep}}`);
+    expect((await needsOf(alder, "odd")).outOfShape.map((o) => o.key)).toEqual(["alder.odd.config.a:b", "alder.odd.config.naïve"]);
+    expect(await alder.declare("odd", ["${config:a}"])).toEqual({
+      written: ["alder.odd.config.a"],
+      deleted: ["alder.odd.config.a:b", "alder.odd.config.naïve"],
+      unchanged: [],
+    });
+    const after = await needsOf(alder, "odd");
+    expect([after.entries.map((e) => [e.key, e.value]), after.outOfShape]).toEqual([
+      [["alder.odd.config.a", { placeholder: "${config:a}" }]],
+      [],
+    ]);
+  });
+
   it("writes the applied record with its revisions, which the module's state and holders read", async () => {
     await alder.declare("grafana", ["${secret:keycloak:client_secret}"]);
     const revision = await alder.applied("grafana", { revisions: { keycloak: "k1" } });
