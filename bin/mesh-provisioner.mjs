@@ -23,5 +23,7 @@ if (build !== undefined) {
 } else {
   const { register } = await import("tsx/esm/api");
   register();
+  // A config or function file is an ES module wherever it sits (runtime/built-sources.ts; no build here).
+  module.register("../runtime/built-sources.ts", import.meta.url, { data: { built: {} } });
   await import("../cli/main.ts");
 }

@@ -1,5 +1,6 @@
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { connect } from "nats";
@@ -164,5 +165,33 @@ export default defineFunction({
     // Built again, without tsx: the bundle holds the change.
     rmSync(join(dir, "node_modules", "tsx"));
     expect(await help()).toContain("The changed server of the mesh");
+  });
+
+  it("reads a config file that sits where no package says it is an ES module, built or not (docs/configuration.md §18)", async () => {
+    if (!existsSync(join(dir, "node_modules", "tsx"))) withTsx(dir);
+    // Outside the project: /etc/mesh-provisioner/config.ts, say. One exports its data, one defineConfig's.
+    const etc = mkdtempSync(join(tmpdir(), "mesh-provisioner-etc-"));
+    const project = readFileSync(join(dir, "wrangler-free.config.ts"), "utf8")
+      .replace('"./runtime/index.ts"', JSON.stringify(join(dir, "runtime", "index.ts")))
+      .replace(/state: "[^"]*"/, `state: ${JSON.stringify(join(etc, "state"))}`);
+    writeFileSync(join(etc, "config.ts"), project);
+    writeFileSync(join(etc, "plain.config.ts"), project.replace(/^import .*$/m, "").replace("defineConfig(", "("));
+    const statusWith = (file: string) =>
+      run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, file), "status"], { cwd: dir, env: env() }).then(
+        () => "answered",
+        (err: { stderr: string }) => err.stderr.trim(),
+      );
+    // No server runs for it: the command got as far as the state folder the file names.
+    const loaded = `mesh-provisioner: no NATS_URL is set and no embedded nats-server runs for ${join(etc, "state")}: start one with \`npm start\``;
+    try {
+      await run("node", [join(dir, "bin", "build.mjs")], { cwd: dir });
+      expect([await statusWith("config.ts"), await statusWith("plain.config.ts")]).toEqual([loaded, loaded]);
+      // The TypeScript through tsx, the build older than a source.
+      const main = join(dir, "cli", "main.ts");
+      writeFileSync(main, `${readFileSync(main, "utf8")}\n`);
+      expect([await statusWith("config.ts"), await statusWith("plain.config.ts")]).toEqual([loaded, loaded]);
+    } finally {
+      rmSync(etc, { recursive: true, force: true });
+    }
   });
 });
