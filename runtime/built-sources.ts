@@ -2,12 +2,13 @@
  * Module hooks (node:module `register`) of a start through tsx (docs/scale.md §11.2): a project
  * source that a file loaded through tsx imports (`../runtime/index.ts`, `./_lib/…`) resolves to
  * its built module, so the set holds one runtime and one copy of each shared module; and a
- * TypeScript file outside node_modules is an ES module wherever it sits (a config file in
- * `/etc/mesh-provisioner/`, where no package says `"type": "module"`, would be read as
- * CommonJS). Registered by runtime/modules.ts (a build's) and bin/mesh-provisioner.mjs (no
+ * TypeScript file outside node_modules is an ES module unless its package says `"type":
+ * "commonjs"` (a config file in `/etc/mesh-provisioner/`, where no package says anything, would
+ * be read as CommonJS). Registered by runtime/modules.ts (a build's) and bin/mesh-provisioner.mjs (no
  * build: none resolved) after tsx's own, so it runs first and asks tsx to resolve.
  */
-import { realpathSync } from "node:fs";
+import { readFileSync, realpathSync } from "node:fs";
+import { dirname, join, sep } from "node:path";
 import type { InitializeHook, ResolveHook } from "node:module";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { BuiltSources } from "./modules.ts";
@@ -30,9 +31,30 @@ export const resolve: ResolveHook = async (specifier, context, next) => {
   const resolved = await next(specifier, context);
   const to = resolved.url.startsWith("file:") ? built[real(resolved.url)] : undefined;
   if (to !== undefined) return { url: to, format: "module", shortCircuit: true };
-  // A config or function file outside any package of `"type": "module"` (`/etc/mesh-provisioner/config.ts`)
-  // is an ES module all the same: its format is not left to the folder it sits in.
-  if (resolved.format !== "module" && /\.tsx?$/.test(new URL(resolved.url).pathname) && !resolved.url.includes("/node_modules/"))
-    return { ...resolved, format: "module" };
+  // A config or function file where no package says it is CommonJS (`/etc/mesh-provisioner/config.ts`)
+  // is an ES module: its format is not left to Node's default.
+  if (resolved.format !== "module" && resolved.url.startsWith("file:") && /\.tsx?$/.test(new URL(resolved.url).pathname)) {
+    const path = fileURLToPath(resolved.url);
+    if (!path.includes(`${sep}node_modules${sep}`) && packageType(dirname(path)) !== "commonjs") return { ...resolved, format: "module" };
+  }
   return resolved;
 };
+
+/** By folder: the `type` of the nearest package.json at or above it, `undefined` when it says none or there is none. */
+const types = new Map<string, string | undefined>();
+
+/** The `type` the nearest package.json at or above `dir` says (`module`, `commonjs`), as Node reads a package's scope. */
+function packageType(dir: string): string | undefined {
+  if (types.has(dir)) return types.get(dir);
+  let type: string | undefined;
+  try {
+    const { type: said } = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as { type?: unknown };
+    type = typeof said === "string" ? said : undefined;
+  } catch (err) {
+    const parent = dirname(dir);
+    // No package.json here (or one Node cannot read either): the scope is the folder above's.
+    type = (err as { code?: string }).code === "ENOENT" && parent !== dir ? packageType(parent) : undefined;
+  }
+  types.set(dir, type);
+  return type;
+}

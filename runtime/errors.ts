@@ -79,10 +79,12 @@ export class RevisionConflict extends Error {
   }
 }
 
-/** What was thrown, as text: an error's message, else the value as a string, else that it has none. */
+/** What was thrown, as text: an error's message (or any object's string `message`), else the value as a string, else that it has none. */
 export function thrownText(err: unknown): string {
   try {
-    return err instanceof Error ? String(err.message) : String(err);
+    if (err instanceof Error) return String(err.message);
+    const message = typeof err === "object" && err !== null ? (err as { message?: unknown }).message : undefined;
+    return typeof message === "string" ? message : String(err);
   } catch {
     return "a value that cannot be said as text";
   }

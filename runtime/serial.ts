@@ -37,8 +37,10 @@ export function coalesced<T>(task: () => Promise<T>): () => Promise<T> {
     return sent;
   };
   return () => {
+    // Once queued, it is the next run until it starts, even after the one before it ended.
+    if (queued !== undefined) return queued;
     if (inFlight === undefined) return start();
-    queued ??= inFlight
+    queued = inFlight
       .catch(() => undefined)
       .then(() => {
         queued = undefined;

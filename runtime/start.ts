@@ -8,6 +8,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import { ConfigError, type Config } from "./config.ts";
+import { thrownText } from "./errors.ts";
 import type { LoadedFunction } from "./define.ts";
 import { loadFunctions } from "./loader.ts";
 import { createLogger } from "./log.ts";
@@ -229,7 +230,7 @@ export async function start(options: StartOptions): Promise<Running> {
       if (stopping) return;
       void (async () => {
         for (const binding of bindings) await binding.madeAgain?.();
-      })().catch((err: unknown) => log.warn({ err: (err as Error).message }, "runs at start not made again"));
+      })().catch((err: unknown) => log.warn({ err: thrownText(err) }, "runs at start not made again"));
     });
     // Ready means the server has every subscription: a request sent now finds its responder.
     await session.nc.flush();

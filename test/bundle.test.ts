@@ -183,13 +183,36 @@ export default defineFunction({
       );
     // No server runs for it: the command got as far as the state folder the file names.
     const loaded = `mesh-provisioner: no NATS_URL is set and no embedded nats-server runs for ${join(etc, "state")}: start one with \`npm start\``;
+    // A function file there, whose helper's package says it is CommonJS: that one stays so.
+    mkdirSync(join(etc, "functions", "_lib"), { recursive: true });
+    writeFileSync(
+      join(etc, "functions.config.ts"),
+      `export default ${JSON.stringify({ seat: "t", functions: "functions", state: "state", nats: { servers: [] }, buckets: {} })};\n`,
+    );
+    writeFileSync(
+      join(etc, "functions", "hello.ts"),
+      `import { defineFunction } from ${JSON.stringify(join(dir, "runtime", "index.ts"))};
+import { greet } from "./_lib/helper.ts";
+export default defineFunction({ description: greet(), triggers: [{ subject: "t.hello" }], handler: () => greet() });
+`,
+    );
+    writeFileSync(join(etc, "functions", "_lib", "package.json"), '{ "type": "commonjs" }\n');
+    writeFileSync(join(etc, "functions", "_lib", "helper.ts"), 'exports.greet = (): string => "hello from " + typeof require;\n');
+    const grants = () =>
+      run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, "functions.config.ts"), "permissions", "--node", "alder"], {
+        cwd: dir,
+        env: env(),
+      }).then(
+        ({ stdout }) => stdout.split("\n")[0],
+        (err: { stderr: string }) => err.stderr.trim(),
+      );
     try {
       await run("node", [join(dir, "bin", "build.mjs")], { cwd: dir });
-      expect([await statusWith("config.ts"), await statusWith("plain.config.ts")]).toEqual([loaded, loaded]);
+      expect([await statusWith("config.ts"), await statusWith("plain.config.ts"), await grants()]).toEqual([loaded, loaded, "accounts {"]);
       // The TypeScript through tsx, the build older than a source.
       const main = join(dir, "cli", "main.ts");
       writeFileSync(main, `${readFileSync(main, "utf8")}\n`);
-      expect([await statusWith("config.ts"), await statusWith("plain.config.ts")]).toEqual([loaded, loaded]);
+      expect([await statusWith("config.ts"), await statusWith("plain.config.ts"), await grants()]).toEqual([loaded, loaded, "accounts {"]);
     } finally {
       rmSync(etc, { recursive: true, force: true });
     }

@@ -1,5 +1,6 @@
 import { Cron } from "croner";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { coalesced } from "../runtime/serial.ts";
 import { cron, dueAt, scheduleOf } from "../runtime/triggers/cron.ts";
 import { z } from "zod";
 
@@ -80,7 +81,7 @@ describe("a cron trigger as a file loads", () => {
 });
 
 describe("runs at start made again (docs/operations.md §13.4)", () => {
-  it("never overlap: passes asked during one run once after it, and stopping waits for the pass under way", async () => {
+  it("never overlap: passes asked during one run once after it; stopping waits for the run under way and starts no other", async () => {
     let under = 0;
     let most = 0;
     const started: string[] = [];
@@ -116,16 +117,42 @@ describe("runs at start made again (docs/operations.md §13.4)", () => {
     await first;
     await settle();
     expect(started).toEqual(["compile", "index", "compile"]);
-    // Stopping now waits for the pass under way.
+    // Stopping now waits for the run under way, and the pass starts no other.
     let stopped = false;
     const stop = binding.stop!().then(() => (stopped = true));
     await settle();
     expect(stopped).toBe(false);
     ends.shift()!();
-    await settle();
-    ends.shift()!();
     await Promise.all([...again, stop]);
-    expect(started).toEqual(["compile", "index", "compile", "index"]);
+    expect(stopped).toBe(true);
+    // Made again once stopping: nothing runs.
+    await binding.madeAgain!();
+    expect(started).toEqual(["compile", "index", "compile"]);
+    expect(ends).toEqual([]);
     expect(most).toBe(1);
+  });
+});
+
+describe("a coalesced task", () => {
+  it("runs one at a time: a caller arriving as a run ends, before the queued one starts, gets the queued one", async () => {
+    let under = 0;
+    let most = 0;
+    let runs = 0;
+    const ends: (() => void)[] = [];
+    const task = coalesced(() => {
+      runs++;
+      most = Math.max(most, ++under);
+      return new Promise<number>((resolve) => ends.push(() => resolve((under--, runs))));
+    });
+    const first = task();
+    const second = task();
+    ends.shift()!();
+    // A few microtasks after the first run ended: the second is queued, not started yet.
+    for (let i = 0; i < 3; i++) await null;
+    const third = task();
+    expect(third).toBe(second);
+    await new Promise((resolve) => setImmediate(resolve));
+    ends.shift()!();
+    expect([await first, await second, await third, most, runs]).toEqual([1, 2, 2, 1, 2]);
   });
 });

@@ -100,24 +100,31 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
    * schedules every trigger. A scheduled time is run only by the replica that
    * claims it, by that time ({@link dueAt}); a claim that cannot be made skips the run; a run
    * still going when the next is due skips that one. Not ready while a function's run at start failed, until it runs again.
-   * Stopping waits, within the grace, for the runs in hand.
+   * Stopping waits, within the grace, for the runs in hand, a pass at start to the end of the run
+   * under way (it starts no other).
    */
   async bind(targets, env) {
     const failedAtStart = new Set<string>();
     let jobs: Cron[] = [];
-    // Runs in hand, which stop waits for (within the grace).
+    // Runs and passes at start in hand, which stop waits for (within the grace).
     const running = new Set<Promise<unknown>>();
-    // One pass at a time: buckets made again while a pass is under way run one more after it.
-    const runAtStart = coalesced(async () => {
+    let stopping = false;
+    // One pass at a time: buckets made again while a pass is under way run one more after it. A
+    // pass ends at the next function once stopping began.
+    const pass = coalesced(async () => {
       for (const { fn, trigger } of targets) {
+        if (stopping) return;
         if (!trigger.onStart) continue;
-        const run = env.run(fn, { value: {} }, { kind: "start" });
-        running.add(run);
-        const outcome = await run.finally(() => running.delete(run));
+        const outcome = await env.run(fn, { value: {} }, { kind: "start" });
         if (outcome.ok) failedAtStart.delete(fn.name);
         else failedAtStart.add(fn.name);
       }
     });
+    const runAtStart = () => {
+      const passing = pass();
+      running.add(passing);
+      return passing.finally(() => running.delete(passing));
+    };
     return {
       // What is made at start is made again with the buckets that held it.
       madeAgain: runAtStart,
@@ -148,6 +155,7 @@ export const cron: TriggerKind<"cron", CronTrigger, CronInfo> = {
       },
       notReady: () => [...failedAtStart].map((name) => `${name}: its run at start failed`),
       stop: async () => {
+        stopping = true;
         for (const job of jobs) job.stop();
         let timer: NodeJS.Timeout | undefined;
         await Promise.race([Promise.allSettled(running), new Promise((r) => (timer = setTimeout(r, env.graceMs)))]);
