@@ -213,13 +213,17 @@ export interface Mesh {
   ensureOpen(operation: string): void;
   /**
    * Waits for the operations under way ({@link Mesh.operation}) to settle, each within its own
-   * time, then drains the connection; once: a second call, or one after the connection closed,
+   * time, then drains the connection, closing it after {@link DRAIN_MS} when the server does not
+   * answer the drain (away, or paused); once: a second call, or one after the connection closed,
    * gets the same promise.
    */
   close(): Promise<void>;
 }
 
 const decoder = new TextDecoder();
+
+/** How long `close()` waits for the connection to drain before it closes it, in milliseconds. */
+const DRAIN_MS = 5000;
 
 /**
  * Connects as `options.credentials.user`, with replies on that user's own `_INBOX.<user>`
@@ -290,7 +294,12 @@ export async function openMesh(options: MeshOptions): Promise<Mesh> {
       (closing ??= (async () => {
         // A declare or a publish under way ends as it would have: its writes are not cut off halfway.
         await Promise.allSettled(underWay);
-        if (!nc.isClosed()) await nc.drain();
+        if (nc.isClosed()) return;
+        // A server away or paused answers no drain's flush (and nats.js then never closes): closed all the same.
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([nc.drain().catch(() => {}), new Promise((resolve) => (timer = setTimeout(resolve, DRAIN_MS)))]);
+        clearTimeout(timer);
+        if (!nc.isClosed()) await nc.close();
       })()),
   };
 }

@@ -240,8 +240,9 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
     try {
       await js.publish(checkedSubject(node), JSON.stringify(event));
     } catch (err) {
-      // Not published: the next call with this result publishes it, unless another result came meanwhile.
-      if (published.get(id) === said) before === undefined ? published.delete(id) : published.set(id, before);
+      // Not known to be published (a timeout may still be stored later): the next call publishes
+      // whatever its result, unless another result came meanwhile.
+      if (published.get(id) === said) published.delete(id);
       throw err;
     }
     return true;
@@ -384,7 +385,6 @@ export async function connectNode(options: NodeOptions): Promise<NodeClient> {
  * error's, or the value thrown as text. Never throws, whatever was thrown.
  */
 function failureOf(err: unknown): CheckResult {
-  if (err instanceof ProbeTimeout) return { ok: false, reason: "Timeout", message: err.message };
   const said = <T>(read: () => T): T | undefined => {
     try {
       return read();
@@ -392,6 +392,7 @@ function failureOf(err: unknown): CheckResult {
       return undefined;
     }
   };
+  if (said(() => err instanceof ProbeTimeout) === true) return { ok: false, reason: "Timeout", message: (err as ProbeTimeout).message };
   const reason = said(() => (err as { reason?: unknown } | null)?.reason);
   const message = said(() => (err instanceof Error ? err.message : String(err)));
   return {

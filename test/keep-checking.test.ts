@@ -113,6 +113,17 @@ describe("keepChecking (docs/client.md §9.1)", () => {
       reason: "AuthFailed",
       message: "the probe threw a value that cannot be said as text",
     });
+    // A revoked proxy: not even its prototype can be read.
+    const { proxy, revoke } = Proxy.revocable({}, {});
+    revoke();
+    const revoked = alder.keepChecking("caddy", "revoked", () => Promise.reject(proxy), { everySeconds: 60 });
+    await until(async () => (await checksOf({ node: "alder", module: "caddy", provision: "revoked" })).length === 1);
+    revoked.stop();
+    expect((await checksOf({ node: "alder", module: "caddy", provision: "revoked" }))[0]).toMatchObject({
+      ok: false,
+      reason: "CheckFailed",
+      message: "the probe threw a value that cannot be said as text",
+    });
   });
 
   it("publishes a probe's revision, whatever else it returns, and a revision out of shape as a failing check", async () => {
