@@ -24,6 +24,7 @@ if (build !== undefined) {
   const { register } = await import("tsx/esm/api");
   register();
   // A config or function file is an ES module wherever it sits (runtime/built-sources.ts; no build here).
-  module.register("../runtime/built-sources.ts", import.meta.url, { data: { built: {} } });
+  const loaders = [new URL("../runtime/modules.ts", import.meta.url).href];
+  module.register("../runtime/built-sources.ts", import.meta.url, { data: { built: {}, loaders } });
   await import("../cli/main.ts");
 }

@@ -2,10 +2,12 @@
  * Module hooks (node:module `register`) of a start through tsx (docs/scale.md §11.2): a project
  * source that a file loaded through tsx imports (`../runtime/index.ts`, `./_lib/…`) resolves to
  * its built module, so the set holds one runtime and one copy of each shared module; and a
- * TypeScript file outside node_modules is an ES module unless its package says `"type":
- * "commonjs"` (a config file in `/etc/mesh-provisioner/`, where no package says anything, would
- * be read as CommonJS). Registered by runtime/modules.ts (a build's) and bin/mesh-provisioner.mjs (no
- * build: none resolved) after tsx's own, so it runs first and asks tsx to resolve.
+ * config or function file the runtime imports (from a module of `loaders`: runtime/modules.ts,
+ * built or not) is an ES module wherever it sits, and so is another TypeScript file outside
+ * node_modules unless its package says `"type": "commonjs"` (a config file in
+ * `/etc/mesh-provisioner/`, where no package says anything, would be read as CommonJS).
+ * Registered by runtime/modules.ts (a build's) and bin/mesh-provisioner.mjs (no build: none
+ * resolved) after tsx's own, so it runs first and asks tsx to resolve.
  */
 import { readFileSync, realpathSync } from "node:fs";
 import { dirname, join, sep } from "node:path";
@@ -14,9 +16,11 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import type { BuiltSources } from "./modules.ts";
 
 let built: Readonly<Record<string, string>> = {};
+let loaders: ReadonlySet<string> = new Set();
 
 export const initialize: InitializeHook<BuiltSources> = (data) => {
   built = data.built;
+  loaders = new Set(data.loaders);
 };
 
 const real = (url: string) => {
@@ -31,12 +35,14 @@ export const resolve: ResolveHook = async (specifier, context, next) => {
   const resolved = await next(specifier, context);
   const to = resolved.url.startsWith("file:") ? built[real(resolved.url)] : undefined;
   if (to !== undefined) return { url: to, format: "module", shortCircuit: true };
-  // A config or function file where no package says it is CommonJS (`/etc/mesh-provisioner/config.ts`)
-  // is an ES module: its format is not left to Node's default.
-  if (resolved.format !== "module" && resolved.url.startsWith("file:") && /\.tsx?$/.test(new URL(resolved.url).pathname)) {
-    const path = fileURLToPath(resolved.url);
-    if (!path.includes(`${sep}node_modules${sep}`) && packageType(dirname(path)) !== "commonjs") return { ...resolved, format: "module" };
-  }
+  if (resolved.format === "module" || !resolved.url.startsWith("file:") || !/\.tsx?$/.test(new URL(resolved.url).pathname)) return resolved;
+  // A config or function file the runtime imports is an ES module wherever it sits; another
+  // TypeScript file outside node_modules is one unless its package says `"type": "commonjs"`
+  // (`/etc/mesh-provisioner/`, where no package says anything): not left to Node's default.
+  const path = fileURLToPath(resolved.url);
+  const loaded = context.parentURL !== undefined && loaders.has(context.parentURL);
+  if (loaded || (!path.includes(`${sep}node_modules${sep}`) && packageType(dirname(path)) !== "commonjs"))
+    return { ...resolved, format: "module" };
   return resolved;
 };
 

@@ -9,9 +9,14 @@ import { register } from "node:module";
 import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
-/** The data of the hooks of runtime/built-sources.ts: `{ <source file URL>: <built module URL> }`, sources by their real path. */
+/**
+ * The data of the hooks of runtime/built-sources.ts: `{ <source file URL>: <built module URL> }`,
+ * sources by their real path; and the URLs of the modules that import config and function files
+ * ({@link importModule}'s).
+ */
 export interface BuiltSources {
   readonly built: Readonly<Record<string, string>>;
+  readonly loaders: readonly string[];
 }
 
 /** What bin/build.mjs records of a build: the sources it was built from, and each entry's module (relative to `dist/`). */
@@ -54,7 +59,7 @@ async function registerTsx(b: Build): Promise<void> {
   }
   const hooks = b.record.entries["runtime/built-sources.ts"];
   if (hooks === undefined) throw new Error("the build has no runtime/built-sources.ts: build again (npm run build)");
-  register<BuiltSources>(pathToFileURL(join(b.dist, hooks)).href, { data: { built } });
+  register<BuiltSources>(pathToFileURL(join(b.dist, hooks)).href, { data: { built, loaders: [import.meta.url] } });
 }
 
 /**

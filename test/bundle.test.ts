@@ -176,6 +176,10 @@ export default defineFunction({
       .replace(/state: "[^"]*"/, `state: ${JSON.stringify(join(etc, "state"))}`);
     writeFileSync(join(etc, "config.ts"), project);
     writeFileSync(join(etc, "plain.config.ts"), project.replace(/^import .*$/m, "").replace("defineConfig(", "("));
+    // And one beside a package.json as `npm init` writes it (npm 11): a config file is an ES module all the same.
+    mkdirSync(join(etc, "npm"));
+    writeFileSync(join(etc, "npm", "package.json"), '{ "name": "etc", "type": "commonjs" }\n');
+    writeFileSync(join(etc, "npm", "config.ts"), project);
     const statusWith = (file: string) =>
       run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, file), "status"], { cwd: dir, env: env() }).then(
         () => "answered",
@@ -208,11 +212,21 @@ export default defineFunction({ description: greet(), triggers: [{ subject: "t.h
       );
     try {
       await run("node", [join(dir, "bin", "build.mjs")], { cwd: dir });
-      expect([await statusWith("config.ts"), await statusWith("plain.config.ts"), await grants()]).toEqual([loaded, loaded, "accounts {"]);
+      expect([
+        await statusWith("config.ts"),
+        await statusWith("plain.config.ts"),
+        await statusWith("npm/config.ts"),
+        await grants(),
+      ]).toEqual([loaded, loaded, loaded, "accounts {"]);
       // The TypeScript through tsx, the build older than a source.
       const main = join(dir, "cli", "main.ts");
       writeFileSync(main, `${readFileSync(main, "utf8")}\n`);
-      expect([await statusWith("config.ts"), await statusWith("plain.config.ts"), await grants()]).toEqual([loaded, loaded, "accounts {"]);
+      expect([
+        await statusWith("config.ts"),
+        await statusWith("plain.config.ts"),
+        await statusWith("npm/config.ts"),
+        await grants(),
+      ]).toEqual([loaded, loaded, loaded, "accounts {"]);
     } finally {
       rmSync(etc, { recursive: true, force: true });
     }
