@@ -141,7 +141,12 @@ export function followDurable<F>(
   env: ConsumeEnv<F>,
   shared: Shared,
   rebind: (start: number | "first") => Promise<ConsumerInfo>,
-): { loop: Promise<void>; floors(created: string, floor: number): void; reasserted(streams: ReadonlyMap<string, StreamInfo>): void } {
+): {
+  loop: Promise<void>;
+  floors(created: string, floor: number): void;
+  reasserted(streams: ReadonlyMap<string, StreamInfo>): void;
+  streamMissing(): void;
+} {
   const { nc, log } = env;
   const { jsm } = shared;
   const { stream, durable } = held;
@@ -332,5 +337,12 @@ export function followDurable<F>(
       log.info({ stream, durable, from: start }, "durable consumer made again");
     }
   })().catch((err: unknown) => log.error({ stream, durable, err }, "consumer stopped"));
-  return { loop, floors, reasserted };
+  // The streams' watch found the stream missing, and the consumption was not told (a pull in
+  // flight as the stream went): consumed again, the stream made again first.
+  const streamMissing = () => {
+    if (shared.gone.has(durable) || current === undefined) return;
+    streamLost = "its stream not found";
+    current.stop();
+  };
+  return { loop, floors, reasserted, streamMissing };
 }

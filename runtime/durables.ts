@@ -139,13 +139,15 @@ export const STREAMS_MS = 5000;
  * The use of each of the `held` streams and the progress of its durable, read every
  * {@link STREAMS_MS} and when `refresh` asks (stream info, consumer info, each within 2 s); what a read that fails
  * would have said is left as it last was (docs/runtime.md §6.11). Each durable's
- * acknowledgement floor read goes to `floors`, with the creation time of the stream read.
+ * acknowledgement floor read goes to `floors`, with the creation time of the stream read; a
+ * durable whose stream the server says does not exist goes to `missing`.
  */
 export function watchStreams(
   nc: NatsConnection,
   config: Config,
   held: readonly Pick<Durable, "name" | "stream" | "durable">[],
   floors: (durable: string, created: string, floor: number) => void,
+  missing: (durable: string) => void = () => {},
 ): { streams(): Record<string, StreamUse>; refresh(): void; stop(): void } {
   const use: Record<string, StreamUse> = {};
   let reading: Promise<void> | undefined;
@@ -156,9 +158,13 @@ export function watchStreams(
         held.map(async ({ name, stream, durable }) => {
           const { ackWaitSeconds } = config.streams[name]!;
           const info = await jsm.streams.info(stream).catch((err: unknown) => {
-            // Gone behind the set (`nats stream rm`): said, until its trigger makes it again.
-            if (errCode(err) === STREAM_NOT_FOUND && use[name] !== undefined) {
-              use[name] = { ...use[name], missing: `stream ${stream} does not exist on the server: nothing is recorded in it` };
+            // Gone behind the set (`nats stream rm`): said, until its trigger makes it again; and
+            // its durable told, which may not have heard (a pull in flight as the stream went).
+            if (errCode(err) === STREAM_NOT_FOUND) {
+              if (use[name] !== undefined) {
+                use[name] = { ...use[name], missing: `stream ${stream} does not exist on the server: nothing is recorded in it` };
+              }
+              missing(durable);
             }
             return undefined;
           });

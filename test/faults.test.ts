@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { STATUS, type Status } from "../functions/_lib/status.ts";
 import { pino } from "pino";
 import { loadFunctions, start, type Config, type Running } from "../runtime/index.ts";
+import { watchStreams } from "../runtime/durables.ts";
 import { seatPermissions } from "../runtime/permissions.ts";
 import type { TestBus } from "../runtime/testing.ts";
 import { projectConfig, request, ROOT, SHIPPED_DIR, startSet, testBus, until } from "./helpers.ts";
@@ -941,4 +942,36 @@ describe("a replica of the set killed while it holds events", () => {
       rmSync(dir, { recursive: true, force: true });
     }
   }, 150_000);
+});
+
+describe("the streams' watch (docs/runtime.md §6.11)", () => {
+  it("tells a durable whose stream the server says does not exist, within a read or two", async () => {
+    const bus = await testBus({ seatPermissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } } });
+    const seat = await bus.connect();
+    const jsm = await seat.jetstreamManager();
+    const EVENTS = "mesh-provisioner_events";
+    await jsm.streams.add({ name: EVENTS, subjects: ["*.provisioner.failing"] });
+    const told: string[] = [];
+    const held = [{ name: "events", stream: EVENTS, durable: "mesh-provisioner-events" }];
+    const watch = watchStreams(
+      seat,
+      bus.config,
+      held,
+      () => {},
+      (durable) => void told.push(durable),
+    );
+    try {
+      await until(() => watch.streams().events !== undefined, 10_000, "read once");
+      expect(told).toEqual([]);
+      await jsm.streams.delete(EVENTS);
+      await until(() => told.length > 0, 12_000, "told the stream is missing");
+      expect([told[0], watch.streams().events?.missing]).toEqual([
+        "mesh-provisioner-events",
+        `stream ${EVENTS} does not exist on the server: nothing is recorded in it`,
+      ]);
+    } finally {
+      watch.stop();
+      await bus.stop();
+    }
+  });
 });

@@ -141,6 +141,8 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
     const loops: Promise<void>[] = [];
     /** By durable, what takes its acknowledgement floor as the streams' watch reads it. */
     const floorsOf = new Map<string, (created: string, floor: number) => void>();
+    /** By durable, what hears that the streams' watch found its stream missing. */
+    const missingOf = new Map<string, () => void>();
     /** Durables found gone, not made again yet: why the binding cannot serve. */
     const gone = new Map<string, string>();
     let stopping = false;
@@ -176,10 +178,17 @@ export const event: TriggerKind<"event", EventTrigger, EventInfo> = {
         bindDurable(jsm, held, ackWaitSeconds, log, start),
       );
       floorsOf.set(durable, followed.floors);
+      missingOf.set(durable, followed.streamMissing);
       reasserted.push(followed.reasserted);
       loops.push(followed.loop);
     }
-    use = watchStreams(nc, config, durables(targets, config), (durable, of, read) => floorsOf.get(durable)?.(of, read));
+    use = watchStreams(
+      nc,
+      config,
+      durables(targets, config),
+      (durable, of, read) => floorsOf.get(durable)?.(of, read),
+      (durable) => missingOf.get(durable)?.(),
+    );
     return {
       notReady: () => [...gone.values()],
       reconnected: reassert,
