@@ -180,9 +180,10 @@ export default defineFunction({
     mkdirSync(join(etc, "npm"));
     writeFileSync(join(etc, "npm", "package.json"), '{ "name": "etc", "type": "commonjs" }\n');
     writeFileSync(join(etc, "npm", "config.ts"), project);
-    const statusWith = (file: string) =>
-      run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, file), "status"], { cwd: dir, env: env() }).then(
-        () => "answered",
+    /** The command's first line of output, or what it said on stderr when it failed. */
+    const said = (file: string, ...command: string[]) =>
+      run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, file), ...command], { cwd: dir, env: env() }).then(
+        ({ stdout }) => stdout.split("\n")[0],
         (err: { stderr: string }) => err.stderr.trim(),
       );
     // No server runs for it: the command got as far as the state folder the file names.
@@ -202,31 +203,20 @@ export default defineFunction({ description: greet(), triggers: [{ subject: "t.h
     );
     writeFileSync(join(etc, "functions", "_lib", "package.json"), '{ "type": "commonjs" }\n');
     writeFileSync(join(etc, "functions", "_lib", "helper.ts"), 'exports.greet = (): string => "hello from " + typeof require;\n');
-    const grants = () =>
-      run("node", [join(dir, "bin", "mesh-provisioner.mjs"), "-c", join(etc, "functions.config.ts"), "permissions", "--node", "alder"], {
-        cwd: dir,
-        env: env(),
-      }).then(
-        ({ stdout }) => stdout.split("\n")[0],
-        (err: { stderr: string }) => err.stderr.trim(),
-      );
+    /** `status` with each config file, then `permissions` with the one whose function imports a CommonJS helper. */
+    const everyFile = async () => [
+      await said("config.ts", "status"),
+      await said("plain.config.ts", "status"),
+      await said("npm/config.ts", "status"),
+      await said("functions.config.ts", "permissions", "--node", "alder"),
+    ];
     try {
       await run("node", [join(dir, "bin", "build.mjs")], { cwd: dir });
-      expect([
-        await statusWith("config.ts"),
-        await statusWith("plain.config.ts"),
-        await statusWith("npm/config.ts"),
-        await grants(),
-      ]).toEqual([loaded, loaded, loaded, "accounts {"]);
+      expect(await everyFile()).toEqual([loaded, loaded, loaded, "accounts {"]);
       // The TypeScript through tsx, the build older than a source.
       const main = join(dir, "cli", "main.ts");
       writeFileSync(main, `${readFileSync(main, "utf8")}\n`);
-      expect([
-        await statusWith("config.ts"),
-        await statusWith("plain.config.ts"),
-        await statusWith("npm/config.ts"),
-        await grants(),
-      ]).toEqual([loaded, loaded, loaded, "accounts {"]);
+      expect(await everyFile()).toEqual([loaded, loaded, loaded, "accounts {"]);
     } finally {
       rmSync(etc, { recursive: true, force: true });
     }
